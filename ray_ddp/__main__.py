@@ -1,0 +1,7 @@
+"""``python -m ray_ddp``: the same as the ``ray-ddp`` command (runs on the driver)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,116 @@
+"""The ``ray-ddp`` command line: argument parsing only, then a call into the driver.
+
+Runs on the driver. ``train`` flags are generated from TrainConfig's fields (one help
+text per field); flags given on the command line win over keys of ``--config``. User
+mistakes print one line and exit 2; a failed training run prints one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+from .config import ConfigError, TrainConfig, config_fields
+from .demos import DEMOS
+
+EXIT_TRAINING_FAILED = 1
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line, not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ray-ddp", description="PyTorch DDP training on a Ray cluster.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = sub.add_parser("train", help="train a model with DDP on Ray Train workers")
+    train.add_argument("--config", metavar="FILE.yaml",
+                       help="YAML file of config keys (the flags' names); flags given here win")
+    for f in config_fields():
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if "bool" in kind:
+            train.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
+            continue
+        caster = int if "int" in kind else float if "float" in kind else str
+        train.add_argument(flag, type=caster, default=None, choices=f.metadata.get("choices"),
+                           metavar=None if f.metadata.get("choices") else f.name.upper(),
+                           help=f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})"))
+
+    demo = sub.add_parser("demo", help="run one of the PyTorch DDP tutorial's demos")
+    demo.add_argument("which", choices=DEMOS, help="which demo")
+    demo.add_argument("--workers", type=int, default=None, help="training workers (default: 2 on CPU)")
+    demo.add_argument("--storage", default=TrainConfig.storage,
+                      help=f"where the demo's runs live (default: {TrainConfig.storage})")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Flags that were given, over the YAML file's keys, over the defaults."""
+    given = {f.name: getattr(args, f.name) for f in config_fields()
+             if getattr(args, f.name) is not None}
+    if args.config:
+        return TrainConfig.from_yaml(args.config, overrides=given)
+    return TrainConfig.from_dict(given)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    # Like `python -m`, let --model mypkg.mod:fn import from the current folder.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            return _train(args)
+        return _demo(args)
+    except ConfigError as err:
+        print(f"ray-ddp {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("ray-ddp: interrupted; run the same command again to resume from the latest "
+              "checkpoint", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .driver import TrainingError, run
+
+    cfg = config_from_args(args)
+    try:
+        summary = run(cfg)
+    except TrainingError as err:
+        print(f"ray-ddp train: {err}", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
+    if not cfg.quiet and not summary.already_complete:
+        print(f"done: {summary.epochs_completed}/{summary.epochs} epochs, final loss "
+              f"{_fmt(summary.final_loss)}, {_fmt(summary.samples_per_s, '.0f')} samples/s; "
+              f"checkpoint {summary.checkpoint}; metrics {summary.metrics}")
+    if cfg.json:
+        print(json.dumps(summary.to_dict()))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demos import DemoFailed, run_demo
+    from .driver import TrainingError
+
+    try:
+        result = run_demo(args.which, workers=args.workers, storage=args.storage)
+    except (TrainingError, DemoFailed) as err:
+        print(f"ray-ddp demo {args.which}: FAILED: {err}", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
+    print(f"demo {args.which}: OK: {result.detail}")
+    return 0
+
+
+def _fmt(value: Any, spec: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, spec)

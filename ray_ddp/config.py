@@ -1,0 +1,210 @@
+"""TrainConfig: every setting of a run, its default, its help text and its checks.
+
+Runs on the driver (parsed from YAML and flags, validated once) and on each worker
+(rebuilt from the plain dict that TrainerConfig ships through Ray; never re-validated
+against the cluster there). Each field's help text lives here only: the CLI builds its
+flags from it and the README's flag table is generated from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+BUILTIN_MODELS = ("toy", "toy-mp", "mlp")
+OPTIMIZERS = ("sgd", "adamw")
+BACKENDS = ("nccl", "gloo")
+
+
+class ConfigError(ValueError):
+    """A user mistake: the message is one line saying what is wrong and what to do."""
+
+
+def _opt(help: str, **cli: Any) -> Any:
+    """A config field: its default, its help (shared by CLI and docs) and CLI extras."""
+    default = cli.pop("default")
+    return field(default=default, metadata={"help": help, **cli})
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; the single source of defaults and help."""
+
+    # --- model and data ---
+    model: str = _opt(
+        "model: toy, toy-mp (two stages over a device pair), mlp, or package.module:callable "
+        "returning an nn.Module",
+        default="toy",
+    )
+    input_dim: int = _opt("features per synthetic sample", default=10)
+    output_dim: int = _opt("targets per synthetic sample", default=5)
+    width: int = _opt("hidden width of the mlp model", default=256)
+    depth: int = _opt("hidden layers of the mlp model", default=2)
+    # --- placement ---
+    workers: Optional[int] = _opt(
+        "training workers (world size); default: GPUs / gpus-per-worker on a GPU cluster, else 2",
+        default=None,
+    )
+    gpus_per_worker: Optional[int] = _opt(
+        "GPUs each worker owns: 0 (CPU), 1, or 2 (a pair for a two-stage model); "
+        "default: 1 when the cluster has GPUs, else 0",
+        default=None,
+        choices=(0, 1, 2),
+    )
+    backend: Optional[str] = _opt(
+        "process-group backend; default: nccl on GPU, gloo on CPU",
+        default=None,
+        choices=BACKENDS,
+    )
+    address: Optional[str] = _opt(
+        "Ray cluster to attach to (auto or HOST:PORT); default: RAY_ADDRESS, else start a local Ray",
+        default=None,
+    )
+    # --- optimisation ---
+    epochs: int = _opt("total epochs (a resumed run trains up to this many)", default=3)
+    steps_per_epoch: int = _opt("optimizer steps per epoch", default=20)
+    batch_size: int = _opt("samples per step on EACH worker", default=32)
+    lr: float = _opt("learning rate", default=0.05)
+    optimizer: str = _opt("optimizer: sgd (momentum 0.9) or adamw", default="sgd", choices=OPTIMIZERS)
+    seed: int = _opt("seed for weights and data (same seed, same run)", default=0)
+    # --- checkpoints, metrics, failures ---
+    storage: str = _opt(
+        "where runs live: a local path or a pyarrow URI (s3://, gs://, file://)",
+        default="~/ray_ddp_runs",
+    )
+    name: Optional[str] = _opt(
+        "run name, a folder under --storage; the same name resumes; default: ray_ddp-<time>",
+        default=None,
+    )
+    keep: int = _opt("newest checkpoints to keep", default=2)
+    checkpoint_every: int = _opt("epochs between checkpoints (the last epoch always saves)", default=1)
+    report_every: int = _opt("steps between metric reports (every epoch end reports too)", default=10)
+    max_failures: int = _opt("worker-group restarts from the latest checkpoint before giving up", default=0)
+    # --- output ---
+    json: bool = _opt("print the run summary as one JSON object on the last stdout line", default=False)
+    quiet: bool = _opt("print no progress lines", default=False)
+    verbose: bool = _opt("show Ray's own logs", default=False)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        """Build from a plain dict (YAML or Ray's train_loop_config); keys may use - or _."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in values.items():
+            name = str(key).replace("-", "_")
+            if name not in known:
+                raise ConfigError(
+                    f"unknown config key '{key}'; known keys: {', '.join(sorted(known))}"
+                )
+            kwargs[name] = _coerce(known[name], value, key)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str, overrides: Optional[dict[str, Any]] = None) -> "TrainConfig":
+        """Read a YAML mapping of config keys; ``overrides`` (the flags given) win."""
+        import yaml
+
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path}; pass an existing YAML file to --config")
+        try:
+            with open(path) as f:
+                values = yaml.safe_load(f)
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            at = f" at line {where.line + 1}" if where is not None else ""
+            raise ConfigError(f"config file {path} is not valid YAML{at}; fix the syntax") from None
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+        return cls.from_dict({**values, **(overrides or {})})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # ---------------------------------------------------------------- validating
+    def validate(self) -> "TrainConfig":
+        """Check what can be checked without a cluster; raise ConfigError on the first problem."""
+        for name in ("epochs", "steps_per_epoch", "batch_size", "keep", "checkpoint_every",
+                     "report_every", "input_dim", "output_dim", "width", "depth"):
+            _require_positive(name, getattr(self, name))
+        if self.workers is not None:
+            _require_positive("workers", self.workers)
+        if self.max_failures < -1:
+            raise ConfigError("--max-failures must be -1 (retry forever), 0 or more")
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ConfigError(f"--lr must be a positive finite number, got {self.lr}")
+        if self.gpus_per_worker not in (None, 0, 1, 2):
+            raise ConfigError(f"--gpus-per-worker must be 0, 1 or 2, got {self.gpus_per_worker}")
+        if self.backend not in (None, *BACKENDS):
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend}")
+        if self.backend == "nccl" and self.gpus_per_worker == 0:
+            raise ConfigError("--backend nccl needs GPUs; use --backend gloo with --gpus-per-worker 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
+        if self.model not in BUILTIN_MODELS and ":" not in self.model:
+            raise ConfigError(
+                f"unknown model '{self.model}'; use one of {', '.join(BUILTIN_MODELS)} "
+                "or package.module:callable"
+            )
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
+            raise ConfigError(
+                f"--name '{self.name}' must be a plain folder name (letters, digits, '.', '_', '-'; "
+                "no path separators or '..')"
+            )
+        if self.name is not None and ".." in self.name:
+            raise ConfigError(f"--name '{self.name}' must not contain '..'")
+        return self
+
+
+def _require_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+
+
+def _coerce(f: dataclasses.Field, value: Any, key: str) -> Any:
+    """Turn a YAML/JSON value into the field's type, or say which key is wrong."""
+    kind = str(f.type)
+    if value is None:
+        if "Optional" in kind:
+            return None
+        raise ConfigError(f"config key '{key}' needs a value")
+    try:
+        if "bool" in kind:
+            if isinstance(value, bool):
+                return value
+            raise ValueError
+        if "int" in kind:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if "float" in kind:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        want = kind.replace("Optional[", "").rstrip("]")
+        raise ConfigError(f"config key '{key}' must be {want}, got {value!r}") from None
+
+
+def config_fields() -> list[dataclasses.Field]:
+    """The fields in declaration order, for the CLI and the README table."""
+    return list(dataclasses.fields(TrainConfig))
+
+
+def render_flag_table() -> str:
+    """The README's flag table, generated from the help texts above."""
+    rows = ["| flag / YAML key | default | what it does |", "|---|---|---|"]
+    for f in config_fields():
+        flag = "--" + f.name.replace("_", "-")
+        default = "" if f.default is None or f.default is False else f"`{f.default}`"
+        rows.append(f"| `{flag}` / `{f.name}` | {default} | {f.metadata['help']} |")
+    return "\n".join(rows)

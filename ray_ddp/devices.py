@@ -1,0 +1,104 @@
+"""Placement: how many workers, what each one owns, which backend they talk over.
+
+``plan_placement`` runs on the driver and is pure arithmetic over the cluster's
+resources, so it is unit-tested without GPUs. ``wrap_ddp`` runs on a worker, on the
+devices Ray gave it (``ray.train.torch.get_devices()``), never on devices guessed from
+the rank number as the tutorial does (that only holds on one machine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .config import ConfigError
+
+DEFAULT_CPU_WORKERS = 2
+CPUS_PER_WORKER = 1
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """What the job asks Ray for: ``workers`` actors, each with these resources."""
+
+    workers: int
+    gpus_per_worker: int
+    cpus_per_worker: int
+    backend: str
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_worker > 0
+
+    def resources_per_worker(self) -> dict[str, float]:
+        res = {"CPU": float(self.cpus_per_worker)}
+        if self.use_gpu:
+            res["GPU"] = float(self.gpus_per_worker)
+        return res
+
+    def describe(self) -> str:
+        each = f"{self.gpus_per_worker} GPU" if self.use_gpu else f"{self.cpus_per_worker} CPU"
+        return f"{self.workers} workers x {each}, backend {self.backend}"
+
+
+def plan_placement(
+    workers: Optional[int],
+    gpus_per_worker: Optional[int],
+    backend: Optional[str],
+    node_gpus: Sequence[int],
+    stages: int = 1,
+) -> PlacementConfig:
+    """Fill in the defaults from the GPUs of each node (``node_gpus``) and check the pairs fit.
+
+    - gpus_per_worker defaults to 0 on a cluster without GPUs, else to one GPU per model
+      stage (a pair for the two-stage toy-mp where a node has two), else 1;
+    - workers defaults to how many whole slots of gpus_per_worker GPUs the nodes hold
+      (a pair never straddles two nodes), or 2 on CPU;
+    - backend defaults to nccl on GPU, gloo on CPU.
+    """
+    total_gpus = sum(node_gpus)
+    if gpus_per_worker is not None:
+        gpw = gpus_per_worker
+    elif total_gpus == 0:
+        gpw = 0
+    else:
+        gpw = min(stages, max(node_gpus))
+    if workers is None:
+        if gpw == 0:
+            workers = DEFAULT_CPU_WORKERS
+        else:
+            workers = sum(g // gpw for g in node_gpus)
+            if workers == 0:
+                raise ConfigError(
+                    f"--gpus-per-worker {gpw} needs a node with {gpw} GPUs; the cluster has "
+                    f"{_describe_gpus(node_gpus)}; pass --gpus-per-worker 0 to train on CPU"
+                )
+    if backend is None:
+        backend = "nccl" if gpw > 0 else "gloo"
+    if backend == "nccl" and gpw == 0:
+        raise ConfigError("--backend nccl needs GPUs; use --backend gloo with --gpus-per-worker 0")
+    return PlacementConfig(workers=workers, gpus_per_worker=gpw,
+                           cpus_per_worker=CPUS_PER_WORKER, backend=backend)
+
+
+def _describe_gpus(node_gpus: Sequence[int]) -> str:
+    if not any(node_gpus):
+        return "0 GPU"
+    return f"{sum(node_gpus)} GPU on nodes of " + ", ".join(str(g) for g in node_gpus if g)
+
+
+def wrap_ddp(model: nn.Module, devices: Sequence[torch.device]) -> DDP:
+    """Wrap the bare model in DDP for this worker's devices.
+
+    One GPU: ``device_ids=[it]``, as Ray's prepare_model would. A model spread over a
+    device pair (or any CPU model) must have ``device_ids=None`` and
+    ``output_device=None``: DDP then leaves placement to the module itself.
+    """
+    distinct = {d for d in devices}
+    if len(distinct) == 1 and devices[0].type == "cuda":
+        return DDP(model, device_ids=[devices[0]], output_device=devices[0])
+    return DDP(model, device_ids=None, output_device=None)

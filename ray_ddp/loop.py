@@ -1,0 +1,196 @@
+"""The training loop: the only code that runs on Ray Train workers.
+
+``train_loop_per_worker`` is what TorchTrainer starts on every worker. Ray has already
+joined the worker to the process group (NCCL or gloo) and given it its devices. The
+loop rebuilds the config from the dict the driver shipped, builds the model on those
+devices, loads the latest checkpoint into the bare model (before DDP wraps it, so no
+``module.`` prefix is involved), trains, and reports. Every rank calls
+``ray.train.report`` at exactly the same steps: report() is a barrier.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoint import TrainState, capture_rng, checkpoint_dir_name, load_checkpoint, \
+    restore_rng, save_checkpoint
+from .config import TrainConfig
+from .data import synthetic_batch, teacher_weights
+from .devices import wrap_ddp
+from .models import build_model
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the poisoned weights are never checkpointed."""
+
+
+def train_loop_per_worker(config: dict) -> None:
+    cfg = TrainConfig.from_dict(config)
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    devices = _worker_devices(cfg)
+
+    # The same seed on every rank gives the same initial weights (DDP also broadcasts
+    # rank 0's at wrap time); the per-rank reseed keeps dropout-like noise independent.
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, devices)
+    optimizer = build_optimizer(cfg, model)
+    state = TrainState()
+    loaded_hash = None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = load_checkpoint(directory, model, optimizer)
+        loaded_hash = weights_hash(model)  # reported once: proves every rank loaded the same
+    if len(state.rng) == world_size:
+        restore_rng(state.rng[rank])
+    else:
+        torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
+
+    ddp_model = wrap_ddp(model, devices)
+    run = _WorkerRun(cfg, rank, world_size, devices, model, ddp_model, optimizer, state)
+    run.loaded_hash = loaded_hash
+    run.train()
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+
+
+def should_save(cfg: TrainConfig, epoch_done: int) -> bool:
+    """Checkpoint every ``checkpoint_every`` epochs, and always after the last one."""
+    return epoch_done % cfg.checkpoint_every == 0 or epoch_done == cfg.epochs
+
+
+def weights_hash(model: nn.Module) -> int:
+    """A 48-bit fingerprint of the weights: equal on every rank iff DDP kept them in sync."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return int(h.hexdigest()[:12], 16)  # 48 bits: exact as a float64 metric
+
+
+def _worker_devices(cfg: TrainConfig) -> list[torch.device]:
+    """This worker's devices, from Ray; a two-stage model on one device uses it twice."""
+    devices = list(ray.train.torch.get_devices()) if cfg.gpus_per_worker else [torch.device("cpu")]
+    if devices[0].type == "cuda":
+        torch.cuda.set_device(devices[0])  # collectives of this process use this GPU
+    if cfg.model == "toy-mp" and len(devices) == 1:
+        devices = devices * 2
+    return devices
+
+
+@dataclass
+class _Window:
+    """What this rank did since its previous report."""
+
+    loss_sum: torch.Tensor
+    steps: int = 0
+    started: float = 0.0
+
+
+class _WorkerRun:
+    """One worker's training run: epochs of steps, reports, and rank 0's checkpoints."""
+
+    def __init__(self, cfg, rank, world_size, devices, model, ddp_model, optimizer, state):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.model, self.ddp_model, self.optimizer, self.state = model, ddp_model, optimizer, state
+        self.in_device, self.out_device = devices[0], devices[-1]
+        self.teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim)
+        self.loss_fn = nn.MSELoss()
+        self.window = self._new_window()
+        self.loaded_hash = None
+
+    def train(self) -> None:
+        for epoch in range(self.state.epoch, self.cfg.epochs):
+            self._run_epoch(epoch)
+
+    def _run_epoch(self, epoch: int) -> None:
+        cfg = self.cfg
+        first = self.state.step - epoch * cfg.steps_per_epoch  # >0 only on mid-epoch resume
+        for i in range(first, cfg.steps_per_epoch):
+            self._run_step(epoch, i)
+            last_of_epoch = i == cfg.steps_per_epoch - 1
+            if last_of_epoch:
+                self.state.epoch = epoch + 1
+                self._report(epoch, save=should_save(cfg, epoch + 1), epoch_end=True)
+            elif (i + 1) % cfg.report_every == 0:
+                self._report(epoch, save=False, epoch_end=False)
+
+    def _run_step(self, epoch: int, i: int) -> None:
+        x, y = synthetic_batch(self.teacher, self.cfg.seed, epoch, i, self.rank, self.cfg.batch_size)
+        x = x.to(self.in_device, non_blocking=True)
+        y = y.to(self.out_device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.ddp_model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.state.step += 1
+        self.window.loss_sum += loss.detach()
+        self.window.steps += 1
+
+    def _report(self, epoch: int, save: bool, epoch_end: bool) -> None:
+        cfg, w = self.cfg, self.window
+        loss = (w.loss_sum / w.steps).item()  # one device sync per report, not per step
+        elapsed = time.perf_counter() - w.started
+        samples = w.steps * cfg.batch_size
+        metrics = {
+            "epoch": epoch + 1,
+            "step": self.state.step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "loss": loss,
+            "samples": samples,
+            "step_time_s": elapsed,
+            "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+            "time": time.time(),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"loss became {loss} on rank {self.rank} in epoch {epoch + 1} by step "
+                f"{self.state.step}; lower --lr or check the data"
+            )
+        if epoch_end:
+            metrics["weights_hash"] = weights_hash(self.model)
+        if self.loaded_hash is not None:
+            metrics["loaded_hash"], self.loaded_hash = self.loaded_hash, None
+        if save:
+            self._report_with_checkpoint(metrics)
+        else:
+            ray.train.report(metrics, checkpoint=None)
+        self.window = self._new_window()
+
+    def _report_with_checkpoint(self, metrics: dict) -> None:
+        """Rank 0 writes the checkpoint; every rank reports; Ray uploads rank 0's folder."""
+        rng = [None] * self.world_size
+        dist.all_gather_object(rng, capture_rng())  # every rank's RNG goes into the file
+        self.state.rng = rng
+        name = checkpoint_dir_name(self.state.step)
+        if self.rank != 0:
+            ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
+            return
+        with tempfile.TemporaryDirectory(prefix="ray_ddp_ckpt_") as directory:
+            save_checkpoint(directory, self.model, self.optimizer, self.state, self.cfg.to_dict())
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(directory),
+                checkpoint_dir_name=name,
+            )
+
+    def _new_window(self) -> _Window:
+        return _Window(loss_sum=torch.zeros((), device=self.out_device), started=time.perf_counter())

@@ -1,0 +1,101 @@
+"""Every rank's metrics, from ray.train.report to the run directory.
+
+``MetricsCallback`` runs inside the Ray Train controller actor (not the driver): Ray
+hands it the metrics of every rank after each report. It keeps the rows and writes
+- ``progress.json`` after every report (the driver polls it to show progress), and
+- ``metrics.parquet`` whenever a checkpoint lands, so the table always matches a
+  checkpoint a resumed run would start from, and is complete at the end (the last
+  epoch always checkpoints).
+``summarize_metrics`` runs on the driver over the finished table.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import pyarrow as pa
+from ray.train import UserCallback
+
+from .storage import METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json, write_table
+
+# The columns every row has, in order; the issue names the first eight.
+COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time",
+           "world_size", "lr", "weights_hash", "loaded_hash")
+SCHEMA = pa.schema([
+    ("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("loss", pa.float64()),
+    ("samples", pa.int64()), ("step_time_s", pa.float64()), ("samples_per_s", pa.float64()),
+    ("time", pa.float64()), ("world_size", pa.int64()), ("lr", pa.float64()),
+    ("weights_hash", pa.int64()), ("loaded_hash", pa.int64()),
+])
+
+
+class MetricsCallback(UserCallback):
+    """Collects every rank's report into the run's metrics table and progress file."""
+
+    def __init__(self, storage: str, name: str, epochs: int, steps_per_epoch: int):
+        self.storage, self.name = storage, name
+        self.total_steps = epochs * steps_per_epoch
+        self.epochs = epochs
+        self._rows: Optional[list[dict[str, Any]]] = None  # loaded lazily in the controller
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        store = resolve_storage(self.storage)
+        run_path = store.run_path(self.name)
+        step = int(metrics[0]["step"])
+        if self._rows is None:
+            self._rows = _load_rows(store.fs, f"{run_path}/{METRICS_FILE}")
+        # Reports fall on fixed steps, so a restarted worker group (or a resumed run)
+        # re-reports the very steps it redoes: drop the earlier attempt's rows.
+        self._rows = [r for r in self._rows if r["step"] < step]
+        self._rows += [{c: m.get(c) for c in COLUMNS} for m in metrics]
+        write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", summarize_report(
+            metrics, self.epochs, self.total_steps,
+            checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
+        ))
+        if checkpoint is not None:
+            write_table(store.fs, f"{run_path}/{METRICS_FILE}",
+                        pa.Table.from_pylist(self._rows, schema=SCHEMA))
+
+
+def _load_rows(fs, path: str) -> list[dict[str, Any]]:
+    table = read_table(fs, path)
+    return [] if table is None else table.to_pylist()
+
+
+def summarize_report(metrics: list[dict[str, Any]], epochs: int, total_steps: int,
+                     checkpoint: Optional[str]) -> dict[str, Any]:
+    """One report of all ranks, as the driver shows it: mean loss, summed throughput."""
+    return {
+        "epoch": int(metrics[0]["epoch"]),
+        "epochs": epochs,
+        "step": int(metrics[0]["step"]),
+        "total_steps": total_steps,
+        "loss": sum(m["loss"] for m in metrics) / len(metrics),
+        "samples_per_s": sum(m["samples_per_s"] for m in metrics),
+        "world_size": len(metrics),
+        "checkpoint": checkpoint,
+        "time": time.time(),
+    }
+
+
+def summarize_metrics(table: pa.Table) -> dict[str, Any]:
+    """Final loss (mean over ranks at the last step) and steady-state samples/s.
+
+    Throughput of one report = all ranks' samples / the slowest rank's time; the first
+    report is warm-up (process start, first allocations) and left out when there are others.
+    """
+    rows = table.to_pylist()
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    steps = sorted(by_step)
+    last = by_step[steps[-1]]
+    measured = steps[1:] if len(steps) > 1 else steps
+    samples = sum(sum(r["samples"] for r in by_step[s]) for s in measured)
+    seconds = sum(max(r["step_time_s"] for r in by_step[s]) for s in measured)
+    return {
+        "final_loss": sum(r["loss"] for r in last) / len(last),
+        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+        "reports": len(steps),
+    }

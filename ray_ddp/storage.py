@@ -1,0 +1,97 @@
+"""Run storage: where a run's folder lives, on a local disk or behind a pyarrow URI.
+
+Runs on the driver and in the Ray Train controller (the metrics callback). Everything
+ray_ddp writes next to Ray's checkpoints goes through the same pyarrow filesystem, so
+nothing assumes a local disk. Writes are atomic where the filesystem allows: a reader
+never sees half a file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from .config import ConfigError
+
+METRICS_FILE = "metrics.parquet"
+PROGRESS_FILE = "progress.json"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """A resolved ``--storage``: what Ray gets, and the filesystem + path ray_ddp uses."""
+
+    uri: str  # given to RunConfig(storage_path=...): an absolute path or a URI
+    fs: pafs.FileSystem
+    path: str  # the same place, as a path inside ``fs``
+
+    def run_path(self, name: str) -> str:
+        return f"{self.path.rstrip('/')}/{name}"
+
+
+def resolve_storage(storage: str) -> StorageConfig:
+    """Turn ``--storage`` into a filesystem; local paths become absolute."""
+    if "://" in storage:
+        try:
+            fs, path = pafs.FileSystem.from_uri(storage)
+        except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as err:
+            raise ConfigError(f"--storage {storage}: {err}; use a local path or s3://, gs://, file://") from None
+        return StorageConfig(uri=storage, fs=fs, path=path.rstrip("/") or "/")
+    path = os.path.abspath(os.path.expanduser(storage))
+    return StorageConfig(uri=path, fs=pafs.LocalFileSystem(), path=path)
+
+
+def check_writable(storage: StorageConfig) -> None:
+    """Create the storage folder if needed and prove we can write there, leaving nothing."""
+    probe = f"{storage.path}/.ray_ddp_probe-{uuid.uuid4().hex}"
+    try:
+        storage.fs.create_dir(storage.path, recursive=True)
+        with storage.fs.open_output_stream(probe) as f:
+            f.write(b"ok")
+        storage.fs.delete_file(probe)
+    except (OSError, pa.ArrowException) as err:
+        raise ConfigError(
+            f"--storage {storage.uri} is not writable ({err}); pick a folder you can write to"
+        ) from None
+
+
+def read_json(fs: pafs.FileSystem, path: str) -> Optional[dict[str, Any]]:
+    try:
+        with fs.open_input_stream(path) as f:
+            return json.loads(f.read())
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+
+
+def _write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with fs.open_output_stream(tmp) as f:
+        f.write(data)
+    fs.move(tmp, path)
+
+
+def write_json(fs: pafs.FileSystem, path: str, obj: dict[str, Any]) -> None:
+    _write_atomic(fs, path, json.dumps(obj, indent=2, default=str).encode())
+
+
+def write_table(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    _write_atomic(fs, path, buf.getvalue())
+
+
+def read_table(fs: pafs.FileSystem, path: str) -> Optional[pa.Table]:
+    try:
+        with fs.open_input_file(path) as f:
+            return pq.read_table(f)
+    except (FileNotFoundError, OSError, pa.ArrowInvalid):
+        return None
