@@ -12,6 +12,7 @@ on the driver.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -68,7 +69,7 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def save_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    state: TrainState, config: dict[str, Any]) -> None:
+                    state: TrainState, config: dict[str, Any], rank: int) -> None:
     """Write the three files into ``directory`` (rank 0 only; Ray then uploads it)."""
     torch.save(_to_cpu(model.state_dict()), os.path.join(directory, MODEL_FILE))
     torch.save(
@@ -78,11 +79,11 @@ def save_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Opt
             "step": state.step,
             "rng": state.rng,
             "config": config,
-            "saved_by_rank": 0,
+            "saved_by_rank": rank,
         },
         os.path.join(directory, STATE_FILE),
     )
-    meta = {"epoch": state.epoch, "step": state.step, "world_size": len(state.rng),
+    meta = {"epoch": state.epoch, "step": state.step, "world_size": len(state.rng), "saved_by_rank": rank,
             "time": time.time(), "config": config}
     with open(os.path.join(directory, META_FILE), "w") as f:
         json.dump(meta, f)
@@ -115,3 +116,12 @@ def find_latest_checkpoint(fs, run_path: str) -> Optional[tuple[str, dict[str, A
         if meta is not None:
             return name, meta
     return None
+
+
+def weights_hash(model: nn.Module) -> int:
+    """A 48-bit fingerprint of the weights: equal on every rank iff DDP kept them in sync."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return int(h.hexdigest()[:12], 16)  # 48 bits: exact as a float64 metric

@@ -208,3 +208,4 @@ def render_flag_table() -> str:
         default = "" if f.default is None or f.default is False else f"`{f.default}`"
         rows.append(f"| `{flag}` / `{f.name}` | {default} | {f.metadata['help']} |")
     return "\n".join(rows)
+

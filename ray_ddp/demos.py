@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .checkpoint import MODEL_FILE
+from .checkpoint import MODEL_FILE, weights_hash
 from .config import TrainConfig
 from .driver import RunSummary, run
 from .storage import METRICS_FILE, read_table, resolve_storage
@@ -79,7 +79,6 @@ def _check_identical_weights(summary: RunSummary) -> str:
 
 
 def _check_loaded_checkpoint(summary: RunSummary) -> str:
-    from .loop import weights_hash
     from .models import ToyModel
 
     if summary.resumed_from is None:

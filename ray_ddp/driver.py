@@ -199,12 +199,35 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig) -> 
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
             callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, cfg.steps_per_epoch)],
+            worker_runtime_env=worker_runtime_env(cfg),
         ),
     )
     try:
         trainer.fit()
     except TrainingFailedError as err:
         raise TrainingError(_describe_failure(err)) from None
+
+
+def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
+    """The one place that sets workers' environment: nothing, except that a user model
+    (``package.module:callable``) must import on the workers as it did here, so the
+    folder it was imported from goes on their PYTHONPATH. (Under ``ray job submit`` the
+    job's working_dir is on it already; on a multi-node cluster that folder must exist on
+    every node, as a shared filesystem or the job's working_dir provides.)"""
+    if ":" not in cfg.model:
+        return {}
+    import importlib
+
+    top = cfg.model.split(":")[0].split(".")[0]
+    module = importlib.import_module(top)
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        return {}
+    root = os.path.dirname(os.path.abspath(origin))
+    if os.path.basename(origin) == "__init__.py":
+        root = os.path.dirname(root)  # a package: its parent folder is what goes on the path
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
 
 
 def _describe_failure(err: Exception) -> str:

@@ -10,7 +10,6 @@ devices, loads the latest checkpoint into the bare model (before DDP wraps it, s
 
 from __future__ import annotations
 
-import hashlib
 import math
 import tempfile
 import time
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoint import TrainState, capture_rng, checkpoint_dir_name, load_checkpoint, \
-    restore_rng, save_checkpoint
+    restore_rng, save_checkpoint, weights_hash
 from .config import TrainConfig
 from .data import synthetic_batch, teacher_weights
 from .devices import wrap_ddp
@@ -58,9 +57,7 @@ def train_loop_per_worker(config: dict) -> None:
         torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
 
     ddp_model = wrap_ddp(model, devices)
-    run = _WorkerRun(cfg, rank, world_size, devices, model, ddp_model, optimizer, state)
-    run.loaded_hash = loaded_hash
-    run.train()
+    _WorkerRun(cfg, rank, world_size, devices, model, ddp_model, optimizer, state, loaded_hash).train()
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -73,15 +70,6 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer
 def should_save(cfg: TrainConfig, epoch_done: int) -> bool:
     """Checkpoint every ``checkpoint_every`` epochs, and always after the last one."""
     return epoch_done % cfg.checkpoint_every == 0 or epoch_done == cfg.epochs
-
-
-def weights_hash(model: nn.Module) -> int:
-    """A 48-bit fingerprint of the weights: equal on every rank iff DDP kept them in sync."""
-    h = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return int(h.hexdigest()[:12], 16)  # 48 bits: exact as a float64 metric
 
 
 def _worker_devices(cfg: TrainConfig) -> list[torch.device]:
@@ -106,14 +94,15 @@ class _Window:
 class _WorkerRun:
     """One worker's training run: epochs of steps, reports, and rank 0's checkpoints."""
 
-    def __init__(self, cfg, rank, world_size, devices, model, ddp_model, optimizer, state):
+    def __init__(self, cfg, rank, world_size, devices, model, ddp_model, optimizer, state,
+                 loaded_hash):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.loaded_hash = loaded_hash  # reported once, with the first report
         self.model, self.ddp_model, self.optimizer, self.state = model, ddp_model, optimizer, state
         self.in_device, self.out_device = devices[0], devices[-1]
         self.teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim)
         self.loss_fn = nn.MSELoss()
         self.window = self._new_window()
-        self.loaded_hash = None
 
     def train(self) -> None:
         for epoch in range(self.state.epoch, self.cfg.epochs):
@@ -185,7 +174,8 @@ class _WorkerRun:
             ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
             return
         with tempfile.TemporaryDirectory(prefix="ray_ddp_ckpt_") as directory:
-            save_checkpoint(directory, self.model, self.optimizer, self.state, self.cfg.to_dict())
+            save_checkpoint(directory, self.model, self.optimizer, self.state, self.cfg.to_dict(),
+                            self.rank)
             ray.train.report(
                 metrics,
                 checkpoint=ray.train.Checkpoint.from_directory(directory),

@@ -1,0 +1,71 @@
+"""GPU-only paths: NCCL, one GPU per worker, toy-mp over a GPU pair, GPU -> CPU checkpoints."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ray_ddp import TrainConfig, run
+from ray_ddp.checkpoint import MODEL_FILE, weights_hash
+from ray_ddp.devices import wrap_ddp
+from ray_ddp.models import ToyModel, ToyMpModel
+
+GPUS = torch.cuda.device_count()
+
+
+@pytest.fixture
+def single_process_group():
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("pair", [(0, 0), (0, 1)])
+def test_toy_mp_over_devices_trains_under_ddp(single_process_group, pair):
+    if max(pair) >= GPUS:
+        pytest.skip(f"needs {max(pair) + 1} GPUs")
+    devs = [torch.device(f"cuda:{i}") for i in pair]
+    model = ToyMpModel(*devs)
+    ddp = wrap_ddp(model, devs)
+    before = weights_hash(model)
+    out = ddp(torch.randn(8, 10))
+    assert out.device == devs[1]
+    out.pow(2).mean().backward()
+    torch.optim.SGD(ddp.parameters(), lr=0.1).step()
+    assert weights_hash(model) != before
+
+
+def test_bf16_autocast_forward(single_process_group):
+    model = wrap_ddp(ToyModel().cuda(), [torch.device("cuda:0")])
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(torch.randn(8, 10, device="cuda"))
+    assert out.dtype == torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def ray_gpu():
+    import ray
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_nccl_run_world_size_1_and_checkpoint_loads_on_cpu(ray_gpu, tmp_path):
+    summary = run(TrainConfig(workers=1, gpus_per_worker=1, epochs=2, steps_per_epoch=10,
+                              storage=str(tmp_path), name="gpu1", quiet=True))
+    assert (summary.backend, summary.gpus_per_worker, summary.epochs_completed) == ("nccl", 1, 2)
+    weights = torch.load(f"{summary.checkpoint}/{MODEL_FILE}", weights_only=True)
+    assert all(t.device.type == "cpu" for t in weights.values())
+    ToyModel().load_state_dict(weights)
+
+
+def test_toy_mp_run_over_a_gpu_pair(ray_gpu, tmp_path):
+    if GPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    summary = run(TrainConfig(model="toy-mp", workers=1, gpus_per_worker=2, epochs=1,
+                              steps_per_epoch=10, storage=str(tmp_path), name="mp", quiet=True))
+    assert summary.gpus_per_worker == 2 and summary.epochs_completed == 1

@@ -1,0 +1,145 @@
+"""Real runs on a real local Ray: 2 gloo workers, real checkpoints, real parquet."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from ray_ddp import ConfigError, TrainConfig, run
+from ray_ddp.checkpoint import META_FILE, MODEL_FILE, STATE_FILE
+
+pytestmark = pytest.mark.ray
+
+REQUIRED_COLUMNS = {"epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time"}
+
+
+def small(tmp, name, **kw):
+    """A few seconds of training: 2 workers, 10 steps an epoch, a report every 5 steps."""
+    base = dict(workers=2, epochs=3, steps_per_epoch=10, batch_size=16, report_every=5,
+                storage=str(tmp), name=name, quiet=True)
+    return TrainConfig(**{**base, **kw})
+
+
+def rows_of(summary):
+    return pq.read_table(summary.metrics).to_pylist()
+
+
+def final_hashes(rows):
+    last = max(r["step"] for r in rows)
+    return {r["rank"]: r["weights_hash"] for r in rows if r["step"] == last}
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def full_run(ray_local, storage):
+    """One uninterrupted 3-epoch run that several tests inspect."""
+    return run(small(storage, "full"))
+
+
+def test_every_rank_ends_with_identical_weights(full_run):
+    hashes = final_hashes(rows_of(full_run))
+    assert sorted(hashes) == [0, 1] and len(set(hashes.values())) == 1
+
+
+def test_metrics_table_has_a_row_per_rank_per_report(full_run):
+    table = pq.read_table(full_run.metrics)
+    assert REQUIRED_COLUMNS <= set(table.column_names)
+    keys = sorted((r["step"], r["rank"]) for r in table.to_pylist())
+    assert keys == [(s, r) for s in (5, 10, 15, 20, 25, 30) for r in (0, 1)]
+    rows = table.to_pylist()
+    assert all(r["samples"] == 5 * 16 and r["step_time_s"] > 0 for r in rows)
+    assert all(abs(r["samples_per_s"] - r["samples"] / r["step_time_s"]) < 1e-6 * r["samples_per_s"]
+               for r in rows)
+    first, last = rows[0]["loss"], full_run.final_loss
+    assert last < 0.5 * first, "the loss should fall on the teacher-labelled data"
+
+
+def test_checkpoints_written_by_rank_0_only_and_kept_newest(full_run, storage):
+    run_dir = storage / "full"
+    assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-00000020", "step-00000030"]
+    latest = run_dir / "step-00000030"
+    assert sorted(os.listdir(latest)) == sorted([MODEL_FILE, STATE_FILE, META_FILE])
+    state = torch.load(latest / STATE_FILE, weights_only=True)
+    assert state["saved_by_rank"] == 0
+    assert (state["epoch"], state["step"], len(state["rng"])) == (3, 30, 2)
+    assert state["optimizer"]["state"], "optimizer state (momentum) must be saved"
+    assert full_run.checkpoint == str(latest)
+
+
+def test_checkpoint_loads_into_a_fresh_toy_model_without_ray_ddp(full_run):
+    expected = final_hashes(rows_of(full_run))[0]
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["ray_ddp"] = None
+        import torch, torch.nn as nn
+        class ToyModel(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net1 = nn.Linear(10, 10); self.relu = nn.ReLU(); self.net2 = nn.Linear(10, 5)
+        m = ToyModel()
+        m.load_state_dict(torch.load({full_run.checkpoint + '/' + MODEL_FILE!r}, weights_only=True))
+        print(sum(p.numel() for p in m.parameters()))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(10 * 10 + 10 + 10 * 5 + 5)
+    # and those are the weights every rank ended with
+    from ray_ddp.checkpoint import weights_hash
+    from ray_ddp.models import ToyModel
+
+    model = ToyModel()
+    model.load_state_dict(torch.load(f"{full_run.checkpoint}/{MODEL_FILE}", weights_only=True))
+    assert weights_hash(model) == expected
+
+
+def test_summary_json_matches_the_returned_summary(full_run, storage):
+    saved = json.loads((storage / "full" / "summary.json").read_text())
+    assert saved == full_run.to_dict()
+    assert (saved["world_size"], saved["gpus_per_worker"], saved["epochs_completed"]) == (2, 0, 3)
+    assert saved["resumed_from"] is None and saved["samples_per_s"] > 0
+
+
+def test_resume_continues_and_matches_an_uninterrupted_run(full_run, storage):
+    first = run(small(storage, "resumed", epochs=2))
+    assert first.epochs_completed == 2
+    second = run(small(storage, "resumed", epochs=3))
+    assert second.resumed_from == str(storage / "resumed" / "step-00000020")
+    assert second.epochs_completed == 3
+    new_rows = [r for r in rows_of(second) if r["step"] > 20]
+    assert {r["epoch"] for r in new_rows} == {3}
+    assert {r["loaded_hash"] for r in new_rows if r["loaded_hash"] is not None} == \
+        {final_hashes([r for r in rows_of(second) if r["step"] <= 20])[0]}
+    # Bit-identical to never stopping: data order, RNG and momentum all came back.
+    assert final_hashes(rows_of(second)) == final_hashes(rows_of(full_run))
+
+
+def test_a_complete_run_says_so_and_returns_at_once(full_run, storage, capsys):
+    again = run(small(storage, "full", quiet=False))
+    assert again.already_complete and again.checkpoint == full_run.checkpoint
+    assert "already complete (3/3 epochs)" in capsys.readouterr().out
+
+
+def test_resume_with_another_model_shape_is_refused(full_run, storage):
+    with pytest.raises(ConfigError, match="was trained with model='toy'"):
+        run(small(storage, "full", model="mlp", epochs=4))
+
+
+def test_user_model_callable_trains_on_workers(ray_local, storage):
+    summary = run(small(storage, "user-model", model="user_models:small_net", epochs=1))
+    assert summary.epochs_completed == 1 and len(set(final_hashes(rows_of(summary)).values())) == 1
+
+
+def test_gpus_asked_for_on_a_cpu_cluster_fail_fast(ray_local, storage):
+    with pytest.raises(ConfigError, match=r"needs 2 workers x 1 GPU = 2 GPU; the cluster has 0 GPU"):
+        run(small(storage, "no-gpu", gpus_per_worker=1))
+    assert not (storage / "no-gpu").exists()

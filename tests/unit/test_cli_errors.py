@@ -1,0 +1,64 @@
+"""Every mistake in a command line: one line, exit 2, no traceback, nothing written (no Ray)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ray_ddp.cli import main
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "bad.yaml").write_text("epochs: [1, 2\n")
+    (tmp_path / "unknown.yaml").write_text("epochs: 2\nbatchsize: 3\n")
+    (tmp_path / "a_file").write_text("not a folder")
+    return tmp_path
+
+
+CASES = {
+    "workers zero": (["--workers", "0"], "--workers must be a positive integer"),
+    "workers negative": (["--workers", "-2"], "--workers must be a positive integer"),
+    "epochs zero": (["--epochs", "0"], "--epochs must be a positive integer"),
+    "steps zero": (["--steps-per-epoch", "0"], "--steps-per-epoch must be a positive integer"),
+    "batch zero": (["--batch-size", "0"], "--batch-size must be a positive integer"),
+    "lr negative": (["--lr", "-0.1"], "--lr must be a positive finite number"),
+    "lr nan": (["--lr", "nan"], "--lr must be a positive finite number"),
+    "lr inf": (["--lr", "inf"], "--lr must be a positive finite number"),
+    "unknown model": (["--model", "resnet"], "unknown model 'resnet'"),
+    "model import fails": (["--model", "broken_import:build"], "cannot import broken_import"),
+    "model not a module": (["--model", "user_models:not_a_module"], "not a torch.nn.Module"),
+    "model frozen": (["--model", "user_models:frozen_net"], "no parameter that requires grad"),
+    "config missing": (["--config", "{tmp}/missing.yaml"], "config file not found"),
+    "config malformed": (["--config", "{tmp}/bad.yaml"], "is not valid YAML"),
+    "config unknown key": (["--config", "{tmp}/unknown.yaml"], "unknown config key 'batchsize'"),
+    "gpus per worker 3": (["--gpus-per-worker", "3"], "invalid choice: 3"),
+    "workers not a number": (["--workers", "two"], "invalid int value: 'two'"),
+    "storage not writable": (["--storage", "{tmp}/a_file/runs"], "is not writable"),
+    "name with a slash": (["--name", "a/b"], "must be a plain folder name"),
+    "name with dotdot": (["--name", "x..y"], "must not contain '..'"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_exit_2(case, files, capsys):
+    argv, fragment = CASES[case]
+    argv = [a.replace("{tmp}", str(files)) for a in argv]
+    storage = files / "runs"
+    if "--storage" not in argv:
+        argv += ["--storage", str(storage)]
+    with pytest.raises(SystemExit) as exit_:
+        sys.exit(main(["train", *argv]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    assert not storage.exists() or not any(storage.iterdir()), "nothing may be left behind"
+
+
+def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ray_ddp", "train", "--lr", "-1",
+                           "--storage", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "ray-ddp train: error: --lr must be a positive finite number, got -1.0"
+    assert proc.stdout == ""

@@ -1,0 +1,90 @@
+"""TrainConfig: defaults, YAML + flags, and the one-line errors (no Ray)."""
+
+import math
+
+import pytest
+
+from ray_ddp.cli import build_parser, config_from_args
+from ray_ddp.config import ConfigError, TrainConfig, render_flag_table
+
+
+def parse(argv):
+    return config_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def test_defaults_are_a_short_toy_run():
+    cfg = parse([]).validate()
+    assert (cfg.model, cfg.workers, cfg.gpus_per_worker, cfg.input_dim, cfg.output_dim) == (
+        "toy", None, None, 10, 5)
+    assert (cfg.keep, cfg.checkpoint_every) == (2, 1)
+
+
+def test_yaml_keys_and_flag_wins(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: mlp\nepochs: 7\nbatch-size: 16\nlr: 0.2\n")
+    cfg = parse(["--config", str(path), "--epochs", "2"])
+    assert (cfg.model, cfg.epochs, cfg.batch_size, cfg.lr) == ("mlp", 2, 16, 0.2)
+
+
+def test_every_flag_is_a_yaml_key(tmp_path):
+    # The flags are generated from the fields, so each one must round-trip through YAML.
+    cfg = TrainConfig(model="mlp", workers=3, gpus_per_worker=0, backend="gloo", epochs=4,
+                      steps_per_epoch=5, batch_size=6, lr=0.5, seed=9, name="x", keep=3,
+                      checkpoint_every=2, max_failures=1, json=True)
+    import yaml
+
+    path = tmp_path / "all.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert TrainConfig.from_yaml(str(path)) == cfg
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"workers": 0}, "--workers must be a positive integer"),
+    ({"epochs": -1}, "--epochs must be a positive integer"),
+    ({"steps_per_epoch": 0}, "--steps-per-epoch must be a positive integer"),
+    ({"batch_size": 0}, "--batch-size must be a positive integer"),
+    ({"lr": 0.0}, "--lr must be a positive finite number"),
+    ({"lr": math.inf}, "--lr must be a positive finite number"),
+    ({"lr": math.nan}, "--lr must be a positive finite number"),
+    ({"model": "resnet"}, "unknown model 'resnet'"),
+    ({"gpus_per_worker": 3}, "--gpus-per-worker must be 0, 1 or 2"),
+    ({"name": "a/b"}, "must be a plain folder name"),
+    ({"name": ".."}, "must be a plain folder name"),
+    ({"name": "a..b"}, "must not contain '..'"),
+    ({"backend": "nccl", "gpus_per_worker": 0}, "--backend nccl needs GPUs"),
+])
+def test_invalid_values_are_one_line(values, fragment):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**values).validate()
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_key_and_wrong_type(tmp_path):
+    with pytest.raises(ConfigError, match="unknown config key 'epoch'"):
+        TrainConfig.from_dict({"epoch": 3})
+    with pytest.raises(ConfigError, match="config key 'epochs' must be int"):
+        TrainConfig.from_dict({"epochs": "three"})
+    with pytest.raises(ConfigError, match="config key 'epochs' must be int"):
+        TrainConfig.from_dict({"epochs": 2.5})
+
+
+def test_bad_yaml_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        TrainConfig.from_yaml(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epochs: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        TrainConfig.from_yaml(str(bad))
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        TrainConfig.from_yaml(str(listy))
+
+
+def test_readme_flag_table_is_generated_from_the_fields():
+    import pathlib
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    assert render_flag_table() in readme, (
+        "README flag table is stale: paste the output of "
+        "python -c 'from ray_ddp.config import render_flag_table as r; print(r())'")

@@ -1,0 +1,56 @@
+"""Models: the tutorial's networks, mlp, user callables, and the refusal of frozen models."""
+
+import pytest
+import torch
+
+from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.models import ToyModel, ToyMpModel, build_model, check_model, model_stages
+
+CPU = torch.device("cpu")
+
+
+def test_toy_is_the_tutorial_network():
+    model = build_model(TrainConfig(), [CPU])
+    assert isinstance(model, ToyModel)
+    assert [tuple(p.shape) for p in model.parameters()] == [(10, 10), (10,), (5, 10), (5,)]
+    assert model(torch.randn(20, 10)).shape == (20, 5)
+
+
+def test_toy_mp_has_toy_parameter_names_and_runs_on_one_device():
+    mp = build_model(TrainConfig(model="toy-mp"), [CPU, CPU])
+    assert isinstance(mp, ToyMpModel)
+    assert list(mp.state_dict()) == list(ToyModel().state_dict())
+    mp.load_state_dict(ToyModel().state_dict())  # checkpoints are interchangeable
+    assert mp(torch.randn(4, 10)).shape == (4, 5)
+    assert model_stages("toy-mp") == 2 and model_stages("toy") == 1
+
+
+def test_mlp_width_and_depth():
+    mlp = build_model(TrainConfig(model="mlp", width=32, depth=3, input_dim=8, output_dim=2), [CPU])
+    linears = [m for m in mlp if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(8, 32), (32, 32), (32, 32), (32, 2)]
+
+
+def test_user_callable_model():
+    model = build_model(TrainConfig(model="user_models:small_net"), [CPU])
+    assert model(torch.randn(2, 10)).shape == (2, 5)
+    assert check_model(TrainConfig(model="user_models:small_net")) == 10 * 16 + 16 + 16 * 5 + 5
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("user_models:frozen_net", "has no parameter that requires grad"),
+    ("user_models:not_a_module", "returned Tensor, not a torch.nn.Module"),
+    ("user_models:nothing_here", "has no callable named nothing_here"),
+    ("user_models:raises", "raised RuntimeError: weights file missing"),
+    ("broken_import:build", "cannot import broken_import (ModuleNotFoundError"),
+    ("no_such_module:build", "cannot import no_such_module"),
+])
+def test_bad_user_models_are_refused(spec, fragment):
+    with pytest.raises(ConfigError) as err:
+        check_model(TrainConfig(model=spec))
+    assert fragment in str(err.value)
+
+
+def test_check_model_builds_on_meta_without_memory():
+    # A 4096-wide, 8-deep mlp would take ~0.5 GB of real memory; on meta it costs nothing.
+    assert check_model(TrainConfig(model="mlp", width=4096, depth=8)) > 100_000_000
