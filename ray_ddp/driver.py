@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from .checkpoint import find_latest_checkpoint
+from .checkpoint import CheckpointScan, find_latest_checkpoint
 from .config import ConfigError, TrainConfig
 from .devices import PlacementConfig, plan_placement
 from .models import check_model, model_stages
@@ -64,17 +64,18 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     store = resolve_storage(cfg.storage)
     check_writable(store)
     run_path = store.run_path(cfg.name)
-    latest = find_latest_checkpoint(store.fs, run_path)
-    resumed_from = f"{_join(store.uri, cfg.name)}/{latest[0]}" if latest else None
-    if latest is not None:
-        _check_resumable(cfg, latest[1], latest[0])
-        if latest[1]["epoch"] >= cfg.epochs:
-            echo(f"run {cfg.name} is already complete ({latest[1]['epoch']}/{cfg.epochs} epochs); "
+    scan = find_latest_checkpoint(store.fs, run_path)
+    _say_broken(cfg, scan, echo)
+    resumed_from = f"{_join(store.uri, cfg.name)}/{scan.latest}" if scan.latest else None
+    if scan.meta is not None:
+        _check_resumable(cfg, scan.meta, scan.latest)
+        if scan.meta["epoch"] >= cfg.epochs:
+            echo(f"run {cfg.name} is already complete ({scan.meta['epoch']}/{cfg.epochs} epochs); "
                  "nothing to do (raise --epochs to train further)")
             summary = read_json(store.fs, f"{run_path}/{SUMMARY_FILE}")
             if summary is not None:
                 return RunSummary(**{**summary, "already_complete": True})
-            raise ConfigError(f"run {cfg.name} is complete but has no {SUMMARY_FILE}")
+            return _write_summary(cfg, store, None, resumed_from, started)
 
     with _ray_session(cfg) as node_gpus:
         placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
@@ -88,7 +89,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
                  f"global batch {placement.workers * cfg.batch_size}, {cfg.epochs} epochs x "
                  f"{cfg.steps_per_epoch} steps -> {run_path}")
         with _show_progress(store, run_path, echo, enabled=not cfg.quiet):
-            _fit(cfg, store, placement)
+            _fit(cfg, store, placement, scan.latest)
 
     return _write_summary(cfg, store, placement, resumed_from, started)
 
@@ -133,9 +134,11 @@ def _ray_session(cfg: TrainConfig) -> Iterator[list[int]]:
             include_dashboard=False if address is None else None,
         )
         if address is None:
-            # A local Ray: as many CPU slots as workers asked for, so it never waits.
+            # A private local Ray: listening on loopback only, with as many CPU slots as
+            # workers asked for, so it never waits.
             want = cfg.workers or 0
             kwargs["num_cpus"] = max(os.cpu_count() or 1, want)
+            kwargs["_node_ip_address"] = "127.0.0.1"
             address = "local"
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         ray.init(address=address, **kwargs)
@@ -177,7 +180,21 @@ def _preflight(placement: PlacementConfig) -> None:
     raise ConfigError(f"{need}; {have}{hint}")
 
 
-def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig) -> None:
+def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], None]) -> None:
+    """Name every unusable checkpoint newer than the one we resume from, or stop."""
+    for name, problem in scan.broken:
+        then = f"; resuming from {scan.latest} instead" if scan.latest else ""
+        echo(f"warning: checkpoint {name} of run {cfg.name} is unusable: {problem}{then}")
+    if scan.broken and scan.latest is None:
+        name, problem = scan.broken[-1]
+        raise ConfigError(
+            f"run {cfg.name} has no usable checkpoint ({name}: {problem}); "
+            "delete the run folder to start over, or use a new --name"
+        )
+
+
+def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+         resume_from: Optional[str]) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -186,7 +203,7 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig) -> 
 
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=cfg.to_dict(),
+        train_loop_config={"config": cfg.to_dict(), "resume_from": resume_from},
         torch_config=TorchConfig(backend=placement.backend),
         scaling_config=ScalingConfig(
             num_workers=placement.workers,
@@ -206,6 +223,10 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig) -> 
         trainer.fit()
     except TrainingFailedError as err:
         raise TrainingError(_describe_failure(err)) from None
+    except SystemExit:
+        # Ctrl-C: fit() installs Ray's SIGINT handler, which aborts the run gracefully and
+        # then leaves fit() with SystemExit. Hand it on as what it was: an interrupt.
+        raise KeyboardInterrupt from None
 
 
 def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
@@ -283,29 +304,31 @@ def format_progress(p: dict[str, Any]) -> str:
     return line
 
 
-def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
                    resumed_from: Optional[str], started: float) -> RunSummary:
     from .metrics import summarize_metrics
 
     run_path = store.run_path(cfg.name)
     run_uri = _join(store.uri, cfg.name)
-    latest = find_latest_checkpoint(store.fs, run_path)
+    scan = find_latest_checkpoint(store.fs, run_path)
+    meta = scan.meta or {}
+    saved_cfg = meta.get("config", {})
     table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
     stats = summarize_metrics(table) if table is not None and table.num_rows else {}
     summary = RunSummary(
         run=cfg.name,
         path=run_uri,
-        world_size=placement.workers,
-        gpus_per_worker=placement.gpus_per_worker,
-        epochs_completed=latest[1]["epoch"] if latest else 0,
+        world_size=placement.workers if placement else meta.get("world_size", 0),
+        gpus_per_worker=placement.gpus_per_worker if placement else saved_cfg.get("gpus_per_worker", 0),
+        epochs_completed=meta.get("epoch", 0),
         final_loss=stats.get("final_loss"),
         samples_per_s=stats.get("samples_per_s"),
-        checkpoint=f"{run_uri}/{latest[0]}" if latest else None,
+        checkpoint=f"{run_uri}/{scan.latest}" if scan.latest else None,
         metrics=f"{run_uri}/{METRICS_FILE}" if table is not None else None,
         resumed_from=resumed_from,
         epochs=cfg.epochs,
-        steps=latest[1]["step"] if latest else 0,
-        backend=placement.backend,
+        steps=meta.get("step", 0),
+        backend=placement.backend if placement else saved_cfg.get("backend", ""),
         wall_time_s=round(time.time() - started, 3),
     )
     write_json(store.fs, f"{run_path}/{SUMMARY_FILE}", summary.to_dict())

@@ -14,6 +14,7 @@ import math
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import ray.train
 import ray.train.torch
@@ -21,20 +22,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import TrainState, capture_rng, checkpoint_dir_name, load_checkpoint, \
-    restore_rng, save_checkpoint, weights_hash
+from .checkpoint import CheckpointError, TrainState, capture_rng, checkpoint_dir_name, \
+    load_checkpoint, restore_rng, save_checkpoint, verify_checkpoint, weights_hash
 from .config import TrainConfig
 from .data import synthetic_batch, teacher_weights
 from .devices import wrap_ddp
 from .models import build_model
+from .storage import resolve_storage
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the poisoned weights are never checkpointed."""
 
 
-def train_loop_per_worker(config: dict) -> None:
-    cfg = TrainConfig.from_dict(config)
+def train_loop_per_worker(loop_config: dict) -> None:
+    """``loop_config``: {"config": TrainConfig as a dict, "resume_from": the checkpoint
+    folder the driver checked, or None}."""
+    cfg = TrainConfig.from_dict(loop_config["config"])
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     devices = _worker_devices(cfg)
@@ -44,13 +48,9 @@ def train_loop_per_worker(config: dict) -> None:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, devices)
     optimizer = build_optimizer(cfg, model)
-    state = TrainState()
-    loaded_hash = None
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            state = load_checkpoint(directory, model, optimizer)
-        loaded_hash = weights_hash(model)  # reported once: proves every rank loaded the same
+    state = load_latest_checkpoint(cfg, loop_config["resume_from"], model, optimizer)
+    # reported once: proves every rank loaded the same weights
+    loaded_hash = weights_hash(model) if state.step else None
     if len(state.rng) == world_size:
         restore_rng(state.rng[rank])
     else:
@@ -58,6 +58,32 @@ def train_loop_per_worker(config: dict) -> None:
 
     ddp_model = wrap_ddp(model, devices)
     _WorkerRun(cfg, rank, world_size, devices, model, ddp_model, optimizer, state, loaded_hash).train()
+
+
+def load_latest_checkpoint(cfg: TrainConfig, resume_from: Optional[str], model: nn.Module,
+                           optimizer: torch.optim.Optimizer) -> TrainState:
+    """Load the newest whole checkpoint into the bare model; a fresh TrainState if none.
+
+    Ray's latest (it moves on after an in-run restart) comes first; if its files do not
+    match its meta.json, the one the driver checked at start is the fallback.
+    """
+    candidates = []
+    latest = ray.train.get_checkpoint()
+    if latest is not None:
+        candidates.append(latest)
+    if resume_from is not None and (latest is None or not latest.path.endswith("/" + resume_from)):
+        store = resolve_storage(cfg.storage)
+        candidates.append(ray.train.Checkpoint(f"{store.run_path(cfg.name)}/{resume_from}", store.fs))
+    problems = []
+    for checkpoint in candidates:
+        with checkpoint.as_directory() as directory:
+            problem = verify_checkpoint(directory)
+            if problem is None:
+                return load_checkpoint(directory, model, optimizer)
+        problems.append(f"{checkpoint.path.rsplit('/', 1)[-1]}: {problem}")
+    if problems:
+        raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))
+    return TrainState()
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

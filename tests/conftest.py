@@ -19,6 +19,6 @@ def ray_local():
     import ray
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+             logging_level="ERROR", _node_ip_address="127.0.0.1")  # listen on loopback only
     yield ray
     ray.shutdown()

@@ -15,36 +15,11 @@ import torch
 from ray_ddp import ConfigError, TrainConfig, run
 from ray_ddp.checkpoint import META_FILE, MODEL_FILE, STATE_FILE
 
+from ._runs import final_hashes, rows_of, small
+
 pytestmark = pytest.mark.ray
 
 REQUIRED_COLUMNS = {"epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time"}
-
-
-def small(tmp, name, **kw):
-    """A few seconds of training: 2 workers, 10 steps an epoch, a report every 5 steps."""
-    base = dict(workers=2, epochs=3, steps_per_epoch=10, batch_size=16, report_every=5,
-                storage=str(tmp), name=name, quiet=True)
-    return TrainConfig(**{**base, **kw})
-
-
-def rows_of(summary):
-    return pq.read_table(summary.metrics).to_pylist()
-
-
-def final_hashes(rows):
-    last = max(r["step"] for r in rows)
-    return {r["rank"]: r["weights_hash"] for r in rows if r["step"] == last}
-
-
-@pytest.fixture(scope="module")
-def storage(tmp_path_factory):
-    return tmp_path_factory.mktemp("runs")
-
-
-@pytest.fixture(scope="module")
-def full_run(ray_local, storage):
-    """One uninterrupted 3-epoch run that several tests inspect."""
-    return run(small(storage, "full"))
 
 
 def test_every_rank_ends_with_identical_weights(full_run):

@@ -8,8 +8,9 @@ import textwrap
 import pytest
 import torch
 
-from ray_ddp.checkpoint import (MODEL_FILE, STATE_FILE, TrainState, capture_rng,
-                                find_latest_checkpoint, load_checkpoint, save_checkpoint, weights_hash)
+from ray_ddp.checkpoint import (MODEL_FILE, STATE_FILE, CheckpointError, TrainState, capture_rng,
+                                find_latest_checkpoint, load_checkpoint, save_checkpoint,
+                                verify_checkpoint, weights_hash)
 from ray_ddp.config import TrainConfig
 from ray_ddp.models import ToyModel
 from ray_ddp.storage import resolve_storage
@@ -81,6 +82,35 @@ def test_find_latest_skips_folders_without_meta(tmp_path):
         save_checkpoint(str(d), model, opt, TrainState(step // 10, step, []), {}, rank=0)
     (tmp_path / "run" / "step-00000030").mkdir()  # an upload that never finished
     store = resolve_storage(str(tmp_path))
-    name, meta = find_latest_checkpoint(store.fs, store.run_path("run"))
-    assert (name, meta["step"]) == ("step-00000020", 20)
-    assert find_latest_checkpoint(store.fs, store.run_path("nothing")) is None
+    scan = find_latest_checkpoint(store.fs, store.run_path("run"))
+    assert (scan.latest, scan.meta["step"]) == ("step-00000020", 20)
+    assert scan.broken == [("step-00000030", "meta.json is missing or unreadable (a write that never finished)")]
+    assert find_latest_checkpoint(store.fs, store.run_path("nothing")).latest is None
+
+
+def test_truncated_and_corrupt_files_are_named(tmp_path):
+    model, opt = trained_toy()
+    save_checkpoint(str(tmp_path), model, opt, TrainState(1, 10, []), {}, rank=0)
+    assert verify_checkpoint(str(tmp_path)) is None
+    data = (tmp_path / MODEL_FILE).read_bytes()
+    (tmp_path / MODEL_FILE).write_bytes(data[: len(data) // 2])
+    assert verify_checkpoint(str(tmp_path)) == f"model.pt has {len(data) // 2} bytes, {len(data)} were written"
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF
+    (tmp_path / MODEL_FILE).write_bytes(bytes(flipped))
+    assert verify_checkpoint(str(tmp_path)) == "model.pt is corrupt (CRC-32 mismatch)"
+
+
+class Payload:
+    """Stands for arbitrary pickled code in a checkpoint."""
+
+    def __reduce__(self):
+        return (print, ("this would run on load",))
+
+
+def test_pickled_objects_are_refused(tmp_path):
+    model, opt = trained_toy()
+    save_checkpoint(str(tmp_path), model, opt, TrainState(1, 10, []), {}, rank=0)
+    torch.save({"net1.weight": Payload()}, tmp_path / MODEL_FILE)
+    with pytest.raises(CheckpointError, match="holds pickled objects, not just tensors"):
+        load_checkpoint(str(tmp_path), ToyModel(), torch.optim.SGD(ToyModel().parameters(), lr=0.1))
