@@ -51,6 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=None, help="training workers (default: 2 on CPU)")
     demo.add_argument("--storage", default=TrainConfig.storage,
                       help=f"where the demo's runs live (default: {TrainConfig.storage})")
+
+    runs = sub.add_parser("runs", help="list the runs under a storage folder")
+    runs.add_argument("--storage", default=TrainConfig.storage,
+                      help=f"where the runs live (default: {TrainConfig.storage})")
+    runs.add_argument("--json", action="store_true", help="print the list as one JSON array")
+
+    report = sub.add_parser("report", help="plot a run's metrics (PNG) and name its slowest rank")
+    report.add_argument("run", help="the run's name (its folder under --storage)")
+    report.add_argument("--storage", default=TrainConfig.storage,
+                        help=f"where the run lives (default: {TrainConfig.storage})")
+    report.add_argument("--out", metavar="DIR", default=None,
+                        help="where the PNGs and report.txt go (default: <storage>/<run>/report/)")
     return parser
 
 
@@ -71,6 +83,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "runs":
+            return _runs(args)
+        if args.command == "report":
+            return _report(args)
         return _demo(args)
     except ConfigError as err:
         print(f"ray-ddp {args.command}: error: {err}", file=sys.stderr)
@@ -109,6 +125,29 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"ray-ddp demo {args.which}: FAILED: {err}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
     print(f"demo {args.which}: OK: {result.detail}")
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from .runs import format_runs, list_runs, runs_as_dicts
+
+    listings = list_runs(args.storage)
+    if args.json:
+        print(json.dumps(runs_as_dicts(listings)))
+    elif not listings:
+        print(f"no runs under {args.storage}")
+    else:
+        print(format_runs(listings))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .runs import write_report
+
+    summary = write_report(args.storage, args.run, args.out)
+    print(summary.text())
+    for path in summary.files:
+        print(f"wrote {path}")
     return 0
 
 

@@ -64,6 +64,10 @@ class TrainConfig:
         "Ray cluster to attach to (auto or HOST:PORT); default: RAY_ADDRESS, else start a local Ray",
         default=None,
     )
+    wait_for_resources: float = _opt(
+        "seconds to wait for an autoscaler to add the nodes the job needs before giving up",
+        default=900.0,
+    )
     # --- optimisation ---
     epochs: int = _opt("total epochs (a resumed run trains up to this many)", default=3)
     steps_per_epoch: int = _opt("optimizer steps per epoch", default=20)
@@ -84,6 +88,8 @@ class TrainConfig:
     checkpoint_every: int = _opt("epochs between checkpoints (the last epoch always saves)", default=1)
     report_every: int = _opt("steps between metric reports (every epoch end reports too)", default=10)
     max_failures: int = _opt("worker-group restarts from the latest checkpoint before giving up", default=0)
+    tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "
+                             "(local storage)", default=False)
     # --- output ---
     json: bool = _opt("print the run summary as one JSON object on the last stdout line", default=False)
     quiet: bool = _opt("print no progress lines", default=False)
@@ -137,6 +143,8 @@ class TrainConfig:
             _require_positive(name, getattr(self, name))
         if self.workers is not None:
             _require_positive("workers", self.workers)
+        if not math.isfinite(self.wait_for_resources) or self.wait_for_resources < 0:
+            raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {self.wait_for_resources}")
         if self.max_failures < -1:
             raise ConfigError("--max-failures must be -1 (retry forever), 0 or more")
         if not math.isfinite(self.lr) or self.lr <= 0:

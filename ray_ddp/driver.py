@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -21,7 +21,9 @@ from .checkpoint import CheckpointScan, find_latest_checkpoint
 from .config import ConfigError, TrainConfig
 from .devices import PlacementConfig, plan_placement
 from .models import check_model, model_stages
-from .storage import (METRICS_FILE, PROGRESS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
+from .preflight import ensure_cluster_fits
+from .progress import show_progress
+from .storage import (METRICS_FILE, STATUS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
                       read_json, read_table, resolve_storage, write_json)
 
 # Fields of the checkpoint's config that must match for a resume to load the weights.
@@ -63,6 +65,9 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     check_model(cfg)
     store = resolve_storage(cfg.storage)
     check_writable(store)
+    if cfg.tensorboard and not store.is_local:
+        raise ConfigError(f"--tensorboard writes event files to a local disk; --storage {cfg.storage} "
+                          "is not one (use a local or shared path, or drop --tensorboard)")
     run_path = store.run_path(cfg.name)
     scan = find_latest_checkpoint(store.fs, run_path)
     _say_broken(cfg, scan, echo)
@@ -80,7 +85,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     with _ray_session(cfg) as node_gpus:
         placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
                                    stages=model_stages(cfg.model))
-        _preflight(placement)
+        ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
         cfg.workers, cfg.gpus_per_worker, cfg.backend = (
             placement.workers, placement.gpus_per_worker, placement.backend)
         if not cfg.quiet:
@@ -88,9 +93,18 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
             echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
                  f"global batch {placement.workers * cfg.batch_size}, {cfg.epochs} epochs x "
                  f"{cfg.steps_per_epoch} steps -> {run_path}")
-        with _show_progress(store, run_path, echo, enabled=not cfg.quiet):
-            _fit(cfg, store, placement, scan.latest)
+        _write_status(store, run_path, "running", cfg, placement)
+        try:
+            with show_progress(store, run_path, echo, enabled=not cfg.quiet):
+                _fit(cfg, store, placement, scan.latest)
+        except TrainingError as err:
+            _write_status(store, run_path, "failed", cfg, placement, error=str(err))
+            raise
+        except KeyboardInterrupt:
+            _write_status(store, run_path, "interrupted", cfg, placement)
+            raise
 
+    _write_status(store, run_path, "complete", cfg, placement)
     return _write_summary(cfg, store, placement, resumed_from, started)
 
 
@@ -123,11 +137,15 @@ def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str) -> N
 def _ray_session(cfg: TrainConfig) -> Iterator[list[int]]:
     """Attach to Ray (``--address``, RAY_ADDRESS, or an already initialized Ray) or start
     a local one; yield the GPU count of each alive node; shut down only what we started."""
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    if address is None and "ray" not in sys.modules:
+        # A private single-node Ray listens on loopback only, as Ray does on a laptop
+        # (macOS); Ray reads this when it is imported, so only before that.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     started_here = False
     if not ray.is_initialized():
-        address = cfg.address or os.environ.get("RAY_ADDRESS")
         kwargs: dict[str, Any] = dict(
             log_to_driver=cfg.verbose,
             logging_level=logging.INFO if cfg.verbose else logging.ERROR,
@@ -138,11 +156,21 @@ def _ray_session(cfg: TrainConfig) -> Iterator[list[int]]:
             # workers asked for, so it never waits.
             want = cfg.workers or 0
             kwargs["num_cpus"] = max(os.cpu_count() or 1, want)
-            kwargs["_node_ip_address"] = "127.0.0.1"
             address = "local"
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        ray.init(address=address, **kwargs)
-        started_here = True
+        if address != "local":
+            _check_reachable(address)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            if address == "local":
+                raise
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(
+                f"cannot attach to the Ray cluster at {address} ({first}); start one with "
+                "`ray start --head`, fix --address / RAY_ADDRESS, or unset both to run locally"
+            ) from None
+        started_here = True  # we connected (or started): we disconnect (or stop)
     try:
         yield [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
     finally:
@@ -150,34 +178,52 @@ def _ray_session(cfg: TrainConfig) -> Iterator[list[int]]:
             ray.shutdown()
 
 
-def _preflight(placement: PlacementConfig) -> None:
-    """Refuse a job the cluster can never hold (Ray Train would wait for it forever)."""
-    import ray
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not minutes, on a cluster that is not there: ray.init retries a
+    dead GCS address for a long time before it gives up."""
+    import socket
 
-    slots = 0
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    for res in nodes:
-        fits = int(res.get("CPU", 0) // placement.cpus_per_worker)
-        if placement.use_gpu:
-            fits = min(fits, int(res.get("GPU", 0) // placement.gpus_per_worker))
-        slots += fits
-    if slots >= placement.workers:
-        return
-    total_cpu = sum(r.get("CPU", 0) for r in nodes)
-    total_gpu = sum(r.get("GPU", 0) for r in nodes)
-    if placement.use_gpu:
-        need = (f"needs {placement.workers} workers x {placement.gpus_per_worker} GPU = "
-                f"{placement.workers * placement.gpus_per_worker} GPU")
-        have = f"the cluster has {total_gpu:g} GPU"
-        if placement.gpus_per_worker > 1 and total_gpu >= placement.workers * placement.gpus_per_worker:
-            have += f" but not {placement.gpus_per_worker} on one node for each worker"
-        hint = "; pass --gpus-per-worker 0 to train on CPU" if total_gpu == 0 else "; lower --workers"
-    else:
-        need = (f"needs {placement.workers} workers x {placement.cpus_per_worker} CPU = "
-                f"{placement.workers * placement.cpus_per_worker} CPU")
-        have = f"the cluster has {total_cpu:g} CPU"
-        hint = "; lower --workers"
-    raise ConfigError(f"{need}; {have}{hint}")
+    if address.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"--address / RAY_ADDRESS is {address}, a dashboard (job server) address; "
+            "ray-ddp attaches to the cluster's GCS address (HOST:6379) or 'auto'"
+        )
+    if address.startswith("ray://"):
+        return  # Ray Client: its own connection handling
+    gcs = address
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            gcs = canonicalize_bootstrap_address("auto")
+        except (ConnectionError, RuntimeError, ValueError):
+            gcs = None
+        if not gcs:
+            raise ConfigError("--address auto found no running Ray cluster on this machine; "
+                              "start one with `ray start --head` or drop --address")
+    host, _, port = gcs.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"no Ray cluster answers at {gcs}; start one with `ray start --head`, "
+            "fix --address / RAY_ADDRESS, or unset both to run locally"
+        ) from None
+
+
+def _write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConfig,
+                  placement: PlacementConfig, error: Optional[str] = None) -> None:
+    """status.json: what `ray-ddp runs` shows. ``created`` survives resumes."""
+    path = f"{run_path}/{STATUS_FILE}"
+    store.fs.create_dir(run_path, recursive=True)
+    old = read_json(store.fs, path) or {}
+    now = time.time()
+    write_json(store.fs, path, {
+        "state": state, "created": old.get("created", now), "updated": now,
+        "epochs": cfg.epochs, "world_size": placement.workers,
+        "gpus_per_worker": placement.gpus_per_worker, "model": cfg.model, "error": error,
+    })
 
 
 def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], None]) -> None:
@@ -215,7 +261,8 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
             storage_path=store.uri,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
-            callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, cfg.steps_per_epoch)],
+            callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, cfg.steps_per_epoch,
+                                       tensorboard=cfg.tensorboard)],
             worker_runtime_env=worker_runtime_env(cfg),
         ),
     )
@@ -261,47 +308,6 @@ def _describe_failure(err: Exception) -> str:
         return f"training failed on rank {rank}: {last}"
     text = str(err).strip().splitlines()
     return "training failed: " + (text[-1] if text else type(err).__name__)
-
-
-@contextmanager
-def _show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], None],
-                   enabled: bool, every_s: float = 1.0) -> Iterator[None]:
-    """Poll the controller's progress.json and print a line for each new report."""
-    if not enabled:
-        yield
-        return
-    stop = threading.Event()
-    first_seen = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}")
-    last_time = first_seen["time"] if first_seen else None
-
-    def show_new() -> None:
-        nonlocal last_time
-        p = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}")
-        if p is None or p["time"] == last_time:
-            return
-        last_time = p["time"]
-        echo(format_progress(p))
-
-    def poll() -> None:
-        while not stop.wait(every_s):
-            show_new()
-
-    thread = threading.Thread(target=poll, name="ray_ddp-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-        show_new()
-
-
-def format_progress(p: dict[str, Any]) -> str:
-    line = (f"epoch {p['epoch']}/{p['epochs']}  step {p['step']}/{p['total_steps']}  "
-            f"loss {p['loss']:.4f}  {p['samples_per_s']:,.0f} samples/s")
-    if p.get("checkpoint"):
-        line += f"  saved {p['checkpoint']}"
-    return line
 
 
 def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],

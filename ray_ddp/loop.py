@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+import ray
 import ray.train
 import ray.train.torch
 import torch
@@ -108,11 +109,46 @@ def _worker_devices(cfg: TrainConfig) -> list[torch.device]:
     return devices
 
 
+class _BusyClock:
+    """Seconds this rank spends on its own work (data and forward pass), outside the
+    gradient all-reduce in backward, where every rank waits for the slowest: in DDP the
+    wall time per step is the same on every rank, so this is what shows a straggler.
+    CUDA events time GPU work without a sync per step (one sync when read)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.seconds = 0.0
+        self.pending: list = []
+
+    def start(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def stop(self, started) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pending.append((started, end))
+        else:
+            self.seconds += time.perf_counter() - started
+
+    def read(self) -> float:
+        if self.pending:
+            self.pending[-1][1].synchronize()
+            self.seconds += sum(a.elapsed_time(b) for a, b in self.pending) / 1000.0
+            self.pending.clear()
+        return self.seconds
+
+
 @dataclass
 class _Window:
     """What this rank did since its previous report."""
 
     loss_sum: torch.Tensor
+    busy: _BusyClock
     steps: int = 0
     started: float = 0.0
 
@@ -123,6 +159,8 @@ class _WorkerRun:
     def __init__(self, cfg, rank, world_size, devices, model, ddp_model, optimizer, state,
                  loaded_hash):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.node_rank = ray.train.get_context().get_node_rank()
+        self.node_id = ray.get_runtime_context().get_node_id()
         self.loaded_hash = loaded_hash  # reported once, with the first report
         self.model, self.ddp_model, self.optimizer, self.state = model, ddp_model, optimizer, state
         self.in_device, self.out_device = devices[0], devices[-1]
@@ -147,11 +185,13 @@ class _WorkerRun:
                 self._report(epoch, save=False, epoch_end=False)
 
     def _run_step(self, epoch: int, i: int) -> None:
+        started = self.window.busy.start()
         x, y = synthetic_batch(self.teacher, self.cfg.seed, epoch, i, self.rank, self.cfg.batch_size)
         x = x.to(self.in_device, non_blocking=True)
         y = y.to(self.out_device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.ddp_model(x), y)
+        self.window.busy.stop(started)
         loss.backward()
         self.optimizer.step()
         self.state.step += 1
@@ -167,10 +207,13 @@ class _WorkerRun:
             "epoch": epoch + 1,
             "step": self.state.step,
             "rank": self.rank,
+            "node_rank": self.node_rank,
+            "node_id": self.node_id,
             "world_size": self.world_size,
             "loss": loss,
             "samples": samples,
             "step_time_s": elapsed,
+            "busy_s": w.busy.read(),
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "time": time.time(),
             "lr": self.optimizer.param_groups[0]["lr"],
@@ -209,4 +252,5 @@ class _WorkerRun:
             )
 
     def _new_window(self) -> _Window:
-        return _Window(loss_sum=torch.zeros((), device=self.out_device), started=time.perf_counter())
+        return _Window(loss_sum=torch.zeros((), device=self.out_device),
+                       busy=_BusyClock(self.in_device), started=time.perf_counter())

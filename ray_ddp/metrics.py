@@ -6,6 +6,9 @@ hands it the metrics of every rank after each report. It keeps the rows and writ
 - ``metrics.parquet`` whenever a checkpoint lands, so the table always matches a
   checkpoint a resumed run would start from, and is complete at the end (the last
   epoch always checkpoints).
+It also watches for stragglers (a rank whose step time stays above 1.5x the median for
+several reports in a row) and, with ``--tensorboard``, writes the same metrics as
+TensorBoard event files under ``<run>/tensorboard/``.
 ``summarize_metrics`` runs on the driver over the finished table.
 """
 
@@ -20,24 +23,63 @@ from ray.train import UserCallback
 from .storage import METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json, write_table
 
 # The columns every row has, in order; the issue names the first eight.
-COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time",
-           "world_size", "lr", "weights_hash", "loaded_hash")
+COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time", "busy_s",
+           "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash")
 SCHEMA = pa.schema([
     ("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("loss", pa.float64()),
     ("samples", pa.int64()), ("step_time_s", pa.float64()), ("samples_per_s", pa.float64()),
-    ("time", pa.float64()), ("world_size", pa.int64()), ("lr", pa.float64()),
+    ("time", pa.float64()), ("busy_s", pa.float64()), ("world_size", pa.int64()), ("node_rank", pa.int64()),
+    ("node_id", pa.string()), ("lr", pa.float64()),
     ("weights_hash", pa.int64()), ("loaded_hash", pa.int64()),
 ])
+
+
+STRAGGLER_RATIO = 1.5
+STRAGGLER_REPORTS = 3
+
+
+class StragglerState:
+    """Counts, per rank, the reports in a row whose own work time (``busy_s``: data and
+    forward, outside the all-reduce where DDP makes every rank wait for the slowest) was
+    > 1.5x the median rank's."""
+
+    def __init__(self) -> None:
+        self.streak: dict[int, int] = {}
+        self.since: dict[int, int] = {}
+
+    def update(self, metrics: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        times = sorted(m["busy_s"] for m in metrics)
+        median = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
+        worst = None
+        for m in metrics:
+            rank = m["rank"]
+            if len(metrics) > 1 and median > 0 and m["busy_s"] > STRAGGLER_RATIO * median:
+                if not self.streak.get(rank):
+                    self.since[rank] = m["step"]
+                self.streak[rank] = self.streak.get(rank, 0) + 1
+            else:
+                self.streak[rank] = 0
+            if self.streak[rank] >= STRAGGLER_REPORTS and (
+                    worst is None or m["busy_s"] > worst["busy_s"]):
+                worst = {"rank": rank, "ratio": m["busy_s"] / median,
+                         "reports": self.streak[rank], "busy_s": m["busy_s"],
+                         "median_s": median, "since_step": self.since[rank],
+                         "node_id": m.get("node_id") or ""}
+        return worst
 
 
 class MetricsCallback(UserCallback):
     """Collects every rank's report into the run's metrics table and progress file."""
 
-    def __init__(self, storage: str, name: str, epochs: int, steps_per_epoch: int):
+    def __init__(self, storage: str, name: str, epochs: int, steps_per_epoch: int,
+                 tensorboard: bool = False):
         self.storage, self.name = storage, name
         self.total_steps = epochs * steps_per_epoch
         self.epochs = epochs
+        self.tensorboard = tensorboard
         self._rows: Optional[list[dict[str, Any]]] = None  # loaded lazily in the controller
+        self._stragglers = StragglerState()
+        self._tb = None
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         store = resolve_storage(self.storage)
@@ -49,13 +91,34 @@ class MetricsCallback(UserCallback):
         # re-reports the very steps it redoes: drop the earlier attempt's rows.
         self._rows = [r for r in self._rows if r["step"] < step]
         self._rows += [{c: m.get(c) for c in COLUMNS} for m in metrics]
-        write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", summarize_report(
+        progress = summarize_report(
             metrics, self.epochs, self.total_steps,
             checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
-        ))
+        )
+        progress["straggler"] = self._stragglers.update(metrics)
+        write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", progress)
+        if self.tensorboard:
+            self._write_tensorboard(store.path_on_disk(self.name), metrics)
         if checkpoint is not None:
             write_table(store.fs, f"{run_path}/{METRICS_FILE}",
                         pa.Table.from_pylist(self._rows, schema=SCHEMA))
+
+    def _write_tensorboard(self, run_dir: str, metrics: list[dict[str, Any]]) -> None:
+        if self._tb is None:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=f"{run_dir}/tensorboard")
+        _write_tensorboard_rows(self._tb, metrics)
+
+
+def _write_tensorboard_rows(writer, metrics: list[dict[str, Any]]) -> None:
+    step = int(metrics[0]["step"])
+    for m in metrics:
+        for key in ("loss", "samples_per_s", "step_time_s", "busy_s"):
+            writer.add_scalar(f"{key}/rank_{m['rank']}", m[key], step)
+    writer.add_scalar("loss/mean", sum(m["loss"] for m in metrics) / len(metrics), step)
+    writer.add_scalar("samples_per_s/total", sum(m["samples_per_s"] for m in metrics), step)
+    writer.flush()
 
 
 def _load_rows(fs, path: str) -> list[dict[str, Any]]:

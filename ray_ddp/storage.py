@@ -24,6 +24,7 @@ from .config import ConfigError
 METRICS_FILE = "metrics.parquet"
 PROGRESS_FILE = "progress.json"
 SUMMARY_FILE = "summary.json"
+STATUS_FILE = "status.json"
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,16 @@ class StorageConfig:
 
     def run_path(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def path_on_disk(self, name: str) -> str:
+        """The run folder as a local path (only for local storage: TensorBoard's writer)."""
+        if not self.is_local:
+            raise ConfigError(f"--storage {self.uri} is not on a local disk")
+        return self.run_path(name)
 
 
 def resolve_storage(storage: str) -> StorageConfig:

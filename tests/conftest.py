@@ -7,6 +7,12 @@ import sys
 
 import pytest
 
+# Every single-node Ray these tests start (in-process, or by the ray-ddp processes they
+# run) listens on loopback only. Ray reads this at import, so it is set before any import
+# of ray; it also makes Ray refuse a second node, which the jobs test (its own network
+# namespace) drops again.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 # tests/helpers holds user models/datasets that workers import as package.module:callable;
 # Ray ships the driver's sys.path to its workers, so this reaches them too.
@@ -19,6 +25,6 @@ def ray_local():
     import ray
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR", _node_ip_address="127.0.0.1")  # listen on loopback only
+             logging_level="ERROR")
     yield ray
     ray.shutdown()

@@ -80,3 +80,26 @@ class NanAfter(torch.nn.Module):
 
 def nan_after_13() -> nn.Module:
     return NanAfter()
+
+
+class SlowOnRankOne(torch.nn.Module):
+    """ToyModel whose forward pass takes 40 ms longer on rank 1: a straggler."""
+
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        import time
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            time.sleep(0.04)
+        return self.net2(self.relu(self.net1(x)))
+
+
+def slow_on_rank_one() -> nn.Module:
+    return SlowOnRankOne()

@@ -15,6 +15,7 @@ import pytest
 
 from ray_ddp import ConfigError, TrainingError, run
 from ray_ddp.checkpoint import MODEL_FILE, find_latest_checkpoint
+from ray_ddp.runs import list_runs
 from ray_ddp.storage import resolve_storage
 
 from ._runs import final_hashes, rows_of, small
@@ -89,9 +90,12 @@ def test_interrupted_driver_then_same_command_matches(full_run, storage):
     assert "interrupted; run the same command again to resume" in err and "Traceback" not in err
     store = resolve_storage(str(storage))
     assert find_latest_checkpoint(store.fs, store.run_path(name)).meta["epoch"] < 3
+    listed = {r.name: r for r in list_runs(str(storage))}[name]
+    assert listed.state == "interrupted" and listed.epochs_done < 3 and listed.epochs == 3
 
     summary = run(small(storage, name, model="user_models:slow_toy"))  # the same command again
     assert summary.resumed_from is not None and summary.epochs_completed == 3
+    assert {r.name: r for r in list_runs(str(storage))}[name].state == "complete"
     assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
 
 
@@ -124,6 +128,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(ray_local, storage):
         run(small(storage, name, model="user_models:nan_after_13"))
     message = str(err.value)
     assert "loss became nan on rank 0 in epoch 2 by step 15" in message, message
+    assert {r.name: r for r in list_runs(str(storage))}[name].state == "failed"
     store = resolve_storage(str(storage))
     scan = find_latest_checkpoint(store.fs, store.run_path(name))
     assert scan.latest == "step-00000010" and not scan.broken

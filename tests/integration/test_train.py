@@ -118,3 +118,34 @@ def test_gpus_asked_for_on_a_cpu_cluster_fail_fast(ray_local, storage):
     with pytest.raises(ConfigError, match=r"needs 2 workers x 1 GPU = 2 GPU; the cluster has 0 GPU"):
         run(small(storage, "no-gpu", gpus_per_worker=1))
     assert not (storage / "no-gpu").exists()
+
+
+def test_storage_uri_holds_checkpoints_metrics_and_summary(ray_local, tmp_path):
+    uri = f"file://{tmp_path}/uri-runs"
+    first = run(small(uri, "via-uri", epochs=1))
+    assert first.path == f"{uri}/via-uri" and first.checkpoint == f"{uri}/via-uri/step-00000010"
+    assert first.metrics == f"{uri}/via-uri/metrics.parquet"
+    assert (tmp_path / "uri-runs" / "via-uri" / "step-00000010" / MODEL_FILE).is_file()
+    assert len(pq.read_table(tmp_path / "uri-runs" / "via-uri" / "metrics.parquet")) == 4
+    assert json.loads((tmp_path / "uri-runs" / "via-uri" / "summary.json").read_text())["run"] == "via-uri"
+    second = run(small(uri, "via-uri", epochs=2))  # resume through the URI too
+    assert second.resumed_from == f"{uri}/via-uri/step-00000010" and second.epochs_completed == 2
+
+
+def test_waiting_for_nodes_gives_up_after_the_bound(ray_local):
+    from ray_ddp.devices import plan_placement
+    from ray_ddp.preflight import describe_need, wait_for_autoscaler
+
+    too_many = plan_placement(64, 0, None, [0])  # the shared local Ray has 4 CPUs
+    said = []
+    with pytest.raises(ConfigError, match=r"gave up after 2 s waiting for the autoscaler: the job "
+                                          r"needs 64 workers x 1 CPU = 64 CPU; the cluster has 4 CPU"):
+        wait_for_autoscaler(too_many, describe_need(too_many), 2, said.append, poll_s=0.5)
+    assert said == ["waiting up to 2 s for the autoscaler to add nodes: the job needs 64 workers x 1 CPU = 64 CPU"]
+
+
+def test_attached_cluster_too_small_fails_fast(ray_local, storage):
+    with pytest.raises(ConfigError, match=r"needs 9 workers x 1 CPU = 9 CPU; the cluster has 4 CPU "
+                                          r"and no autoscaler; lower --workers or add nodes"):
+        run(small(storage, "too-many", workers=9))
+    assert not (storage / "too-many").exists()

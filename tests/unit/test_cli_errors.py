@@ -37,6 +37,9 @@ CASES = {
     "storage not writable": (["--storage", "{tmp}/a_file/runs"], "is not writable"),
     "name with a slash": (["--name", "a/b"], "must be a plain folder name"),
     "name with dotdot": (["--name", "x..y"], "must not contain '..'"),
+    "no cluster at address": (["--address", "127.0.0.1:1"], "no Ray cluster answers at 127.0.0.1:1"),
+    "dashboard as address": (["--address", "http://127.0.0.1:8265"], "a dashboard (job server) address"),
+    "negative wait": (["--wait-for-resources", "-1"], "--wait-for-resources must be 0 or more"),
 }
 
 

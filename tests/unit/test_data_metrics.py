@@ -27,8 +27,8 @@ def test_summary_uses_slowest_rank_and_skips_warmup():
     for step, times in [(10, (5.0, 5.0)), (20, (1.0, 2.0)), (30, (1.0, 2.0))]:
         for rank, t in enumerate(times):
             rows.append(dict(epoch=1, step=step, rank=rank, loss=float(rank + step), samples=100,
-                             step_time_s=t, samples_per_s=100 / t, time=0.0, world_size=2, lr=0.1,
-                             weights_hash=None, loaded_hash=None))
+                             step_time_s=t, samples_per_s=100 / t, time=0.0, busy_s=t / 2, world_size=2, lr=0.1,
+                             node_rank=0, node_id='n', weights_hash=None, loaded_hash=None))
     s = summarize_metrics(pa.Table.from_pylist(rows, schema=SCHEMA))
     assert s["final_loss"] == 30.5
     assert s["samples_per_s"] == 400 / 4.0  # (2 ranks x 100) x 2 reports / (2 s + 2 s)

@@ -40,3 +40,33 @@ def test_pair_on_one_gpu_nodes_is_refused():
 def test_nccl_without_gpus_is_refused():
     with pytest.raises(ConfigError, match="--backend nccl needs GPUs"):
         plan_placement(2, 0, "nccl", [0])
+
+
+# --- preflight slot arithmetic (what the cluster holds now, what its autoscaler can add) ---
+from ray_ddp.preflight import UNLIMITED, autoscaler_slots, count_slots, describe_have, describe_need
+
+
+def test_slots_need_every_gpu_of_a_worker_on_one_node():
+    pair = plan_placement(None, 2, None, [8])
+    assert count_slots([{"CPU": 16, "GPU": 8}], pair) == 4
+    assert count_slots([{"CPU": 8, "GPU": 1}, {"CPU": 8, "GPU": 1}], pair) == 0
+    assert count_slots([{"CPU": 2, "GPU": 8}], pair) == 2  # CPUs bound it too
+    cpu = plan_placement(2, 0, None, [0])
+    assert count_slots([{"CPU": 1}, {"CPU": 1}], cpu) == 2
+
+
+def test_autoscaler_reach_counts_head_and_node_types_at_max():
+    one_gpu = plan_placement(8, 1, None, [0])
+    head = {"CPU": 0}  # a head that schedules no training
+    assert autoscaler_slots(head, [({"CPU": 64, "GPU": 8}, 2)], one_gpu) == 16
+    assert autoscaler_slots(head, [({"CPU": 8}, 10)], one_gpu) == 0  # CPU-only node type
+    assert autoscaler_slots(head, [({"CPU": 64, "GPU": 8}, -1)], one_gpu) == UNLIMITED
+
+
+def test_shortfall_lines_name_the_numbers():
+    p = plan_placement(8, 1, None, [0])
+    assert describe_need(p) == "needs 8 workers x 1 GPU = 8 GPU"
+    assert describe_have([{"CPU": 4}], p) == "the cluster has 0 GPU"
+    pair = plan_placement(2, 2, None, [2])
+    one_each = [{"CPU": 4, "GPU": 1}] * 4
+    assert describe_have(one_each, pair) == "the cluster has 4 GPU but not 2 on one node for each worker"

@@ -1,0 +1,75 @@
+"""Seeing runs: `ray-ddp report` plots, `ray-ddp runs`, straggler warnings, TensorBoard."""
+
+from __future__ import annotations
+
+import glob
+import json
+import struct
+
+import matplotlib.image
+import pytest
+
+from ray_ddp import run
+from ray_ddp.cli import main
+from ray_ddp.runs import list_runs, write_report
+
+from ._runs import small
+
+pytestmark = pytest.mark.ray
+
+
+def test_report_draws_pngs_and_names_the_slowest_rank(full_run, storage, tmp_path, capsys):
+    assert main(["report", "full", "--storage", str(storage), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "run full: 2 ranks, 30 steps" in out and "slowest rank: " in out
+    for name in ("loss.png", "samples_per_s.png", "step_time.png", "busy_time.png"):
+        image = matplotlib.image.imread(tmp_path / name)  # a real PNG that decodes
+        assert image.shape[0] > 100 and image.shape[1] > 100
+        assert f"wrote {tmp_path}/{name}" in out
+    assert (tmp_path / "report.txt").read_text().startswith("run full: 2 ranks")
+
+
+def test_runs_lists_a_complete_run(full_run, storage, capsys):
+    assert main(["runs", "--storage", str(storage), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    full = rows["full"]
+    assert (full["state"], full["epochs_done"], full["epochs"], full["world_size"]) == ("complete", 3, 3, 2)
+    assert full["checkpoint"] == "step-00000030" and full["last_loss"] == pytest.approx(full_run.final_loss)
+    assert main(["runs", "--storage", str(storage)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["run", "state", "epochs", "last", "loss", "checkpoint", "world", "started"]
+    assert any(line.split()[:3] == ["full", "complete", "3/3"] for line in table)
+
+
+def test_report_of_an_unknown_run_is_one_line(storage, capsys):
+    assert main(["report", "no-such-run", "--storage", str(storage)]) == 2
+    assert capsys.readouterr().err.strip().startswith("ray-ddp report: error: run no-such-run has no metrics.parquet")
+
+
+def tensorboard_tags(run_dir) -> set[str]:
+    """Scalar tags in TensorBoard event files (TFRecord framing, tensorboardX's protos)."""
+    from tensorboardX.proto import event_pb2
+
+    tags = set()
+    for path in glob.glob(f"{run_dir}/tensorboard/events.out.tfevents.*"):
+        data = open(path, "rb").read()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            tags |= {v.tag for v in event.summary.value}
+            offset += 12 + length + 4
+    return tags
+
+
+def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(ray_local, storage):
+    lines = []
+    summary = run(small(storage, "straggler", model="user_models:slow_on_rank_one", epochs=1,
+                        report_every=2, tensorboard=True, quiet=False), echo=lines.append)
+    warnings = [l for l in lines if l.startswith("warning: rank 1 is straggling")]
+    assert len(warnings) == 1, lines
+    report = write_report(str(storage), "straggler")
+    assert report.slowest_rank == 1 and report.slowest_step_time_s > 1.5 * report.median_step_time_s
+    tags = tensorboard_tags(storage / "straggler")
+    assert {"loss/rank_0", "loss/rank_1", "loss/mean", "samples_per_s/total", "busy_s/rank_1"} <= tags
+    assert summary.epochs_completed == 1

@@ -1,0 +1,43 @@
+"""cluster.yaml validates against the installed Ray's cluster-launcher schema and says
+what the autoscaled setup needs; the example configs are valid ray-ddp configs."""
+
+import json
+import os
+import pathlib
+
+import jsonschema
+import ray
+import yaml
+
+from ray_ddp.config import TrainConfig
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def load_cluster():
+    return yaml.safe_load((ROOT / "cluster.yaml").read_text())
+
+
+def test_cluster_yaml_matches_rays_schema():
+    schema_path = os.path.join(os.path.dirname(ray.__file__), "autoscaler", "ray-schema.json")
+    with open(schema_path) as f:
+        schema = json.load(f)
+    jsonschema.validate(load_cluster(), schema)
+
+
+def test_cluster_yaml_autoscales_gpu_nodes_behind_a_cpu_only_head():
+    cfg = load_cluster()
+    types = cfg["available_node_types"]
+    assert types[cfg["head_node_type"]]["resources"] == {"CPU": 0}
+    gpu = [t for t in types.values() if t["resources"].get("GPU") == 8]
+    assert len(gpu) == 1 and gpu[0]["min_workers"] == 0 and gpu[0]["max_workers"] >= 1
+    assert cfg["idle_timeout_minutes"] > 0
+    assert any("pip install" in c and "ray_ddp" in c for c in cfg["setup_commands"])
+    assert cfg["file_mounts"]["~/ray_ddp"] == "."
+
+
+def test_example_configs_are_valid():
+    for name in ("toy.yaml", "cloud.yaml"):
+        cfg = TrainConfig.from_yaml(str(ROOT / "examples" / name)).validate()
+        assert cfg.model in ("toy", "mlp")
+    assert TrainConfig.from_yaml(str(ROOT / "examples" / "cloud.yaml")).storage.startswith("s3://")
