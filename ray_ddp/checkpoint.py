@@ -72,8 +72,10 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def save_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    state: TrainState, config: dict[str, Any], rank: int) -> None:
-    """Write the three files into ``directory`` (rank 0 only; Ray then uploads it)."""
+                    state: TrainState, config: dict[str, Any], rank: int,
+                    stateful: Optional[dict[str, Any]] = None) -> None:
+    """Write the three files into ``directory`` (rank 0 only; Ray then uploads it).
+    ``stateful``: more objects with state_dict() (LR schedule, gradient scaler)."""
     torch.save(_to_cpu(model.state_dict()), os.path.join(directory, MODEL_FILE))
     torch.save(
         {
@@ -83,6 +85,7 @@ def save_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Opt
             "rng": state.rng,
             "config": config,
             "saved_by_rank": rank,
+            **{name: _to_cpu(obj.state_dict()) for name, obj in (stateful or {}).items()},
         },
         os.path.join(directory, STATE_FILE),
     )
@@ -140,13 +143,16 @@ def _load_tensors(path: str) -> Any:
         raise CheckpointError(f"cannot load {path}: {str(err).splitlines()[0]}") from None
 
 
-def load_checkpoint(directory: str, model: nn.Module,
-                    optimizer: torch.optim.Optimizer) -> TrainState:
+def load_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    stateful: Optional[dict[str, Any]] = None) -> TrainState:
     """Load the files of ``directory`` into the bare (not yet DDP-wrapped) model and optimizer."""
     weights = _load_tensors(os.path.join(directory, MODEL_FILE))
     model.load_state_dict(weights)
     saved = _load_tensors(os.path.join(directory, STATE_FILE))
     optimizer.load_state_dict(saved["optimizer"])
+    for name, obj in (stateful or {}).items():
+        if name in saved:
+            obj.load_state_dict(saved[name])
     return TrainState(epoch=saved["epoch"], step=saved["step"], rng=saved["rng"])
 
 

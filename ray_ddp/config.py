@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 BUILTIN_MODELS = ("toy", "toy-mp", "mlp")
 OPTIMIZERS = ("sgd", "adamw")
+AMP_MODES = ("off", "bf16", "fp16")
+SCHEDULES = ("constant", "cosine")
 BACKENDS = ("nccl", "gloo")
 
 
@@ -75,6 +77,15 @@ class TrainConfig:
     lr: float = _opt("learning rate", default=0.05)
     optimizer: str = _opt("optimizer: sgd (momentum 0.9) or adamw", default="sgd", choices=OPTIMIZERS)
     seed: int = _opt("seed for weights and data (same seed, same run)", default=0)
+    grad_accum: int = _opt("micro-batches per optimizer step (DDP syncs gradients on the last "
+                           "only); global batch = workers x batch-size x grad-accum", default=1)
+    amp: str = _opt("mixed precision: off, bf16 (GPU or CPU), fp16 (GPU, with a gradient scaler)",
+                    default="off", choices=AMP_MODES)
+    clip_grad: float = _opt("clip the gradient norm to this (0: no clipping)", default=0.0)
+    warmup_steps: int = _opt("steps of linear learning-rate warm-up from 0", default=0)
+    schedule: str = _opt("learning rate after warm-up: constant, or cosine decay to 0 at the "
+                         "last step", default="constant", choices=SCHEDULES)
+    compile: bool = _opt("torch.compile the model (slower start, faster steps on GPU)", default=False)
     # --- checkpoints, metrics, failures ---
     storage: str = _opt(
         "where runs live: a local path or a pyarrow URI (s3://, gs://, file://)",
@@ -139,7 +150,7 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         """Check what can be checked without a cluster; raise ConfigError on the first problem."""
         for name in ("epochs", "steps_per_epoch", "batch_size", "keep", "checkpoint_every",
-                     "report_every", "input_dim", "output_dim", "width", "depth"):
+                     "report_every", "input_dim", "output_dim", "width", "depth", "grad_accum"):
             _require_positive(name, getattr(self, name))
         if self.workers is not None:
             _require_positive("workers", self.workers)
@@ -155,6 +166,16 @@ class TrainConfig:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend}")
         if self.backend == "nccl" and self.gpus_per_worker == 0:
             raise ConfigError("--backend nccl needs GPUs; use --backend gloo with --gpus-per-worker 0")
+        if self.amp not in AMP_MODES:
+            raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {self.amp}")
+        if self.amp == "fp16" and self.gpus_per_worker == 0:
+            raise ConfigError("--amp fp16 needs GPUs; on CPU use --amp bf16")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule}")
+        if not math.isfinite(self.clip_grad) or self.clip_grad < 0:
+            raise ConfigError(f"--clip-grad must be 0 (off) or a positive number, got {self.clip_grad}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
         if self.model not in BUILTIN_MODELS and ":" not in self.model:

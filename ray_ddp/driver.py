@@ -85,14 +85,16 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     with _ray_session(cfg) as node_gpus:
         placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
                                    stages=model_stages(cfg.model))
+        if cfg.amp == "fp16" and not placement.use_gpu:
+            raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
         ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
         cfg.workers, cfg.gpus_per_worker, cfg.backend = (
             placement.workers, placement.gpus_per_worker, placement.backend)
         if not cfg.quiet:
             where = f"resuming from {resumed_from}" if resumed_from else "new run"
             echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
-                 f"global batch {placement.workers * cfg.batch_size}, {cfg.epochs} epochs x "
-                 f"{cfg.steps_per_epoch} steps -> {run_path}")
+                 f"global batch {describe_global_batch(cfg, placement.workers)}, {cfg.epochs} "
+                 f"epochs x {cfg.steps_per_epoch} steps -> {run_path}")
         _write_status(store, run_path, "running", cfg, placement)
         try:
             with show_progress(store, run_path, echo, enabled=not cfg.quiet):
@@ -106,6 +108,13 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
 
     _write_status(store, run_path, "complete", cfg, placement)
     return _write_summary(cfg, store, placement, resumed_from, started)
+
+
+def describe_global_batch(cfg: TrainConfig, workers: int) -> str:
+    total = workers * cfg.batch_size * cfg.grad_accum
+    if cfg.grad_accum == 1:
+        return str(total)
+    return f"{total} ({workers} workers x {cfg.batch_size} x {cfg.grad_accum} accumulation steps)"
 
 
 def _with_default_name(cfg: TrainConfig) -> TrainConfig:

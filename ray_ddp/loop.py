@@ -10,6 +10,7 @@ devices, loads the latest checkpoint into the bare model (before DDP wraps it, s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import time
@@ -26,7 +27,7 @@ from torch import nn
 from .checkpoint import CheckpointError, TrainState, capture_rng, checkpoint_dir_name, \
     load_checkpoint, restore_rng, save_checkpoint, verify_checkpoint, weights_hash
 from .config import TrainConfig
-from .data import synthetic_batch, teacher_weights
+from .data import micro_batch_start, synthetic_rows, teacher_weights
 from .devices import wrap_ddp
 from .models import build_model
 from .storage import resolve_storage
@@ -49,7 +50,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, devices)
     optimizer = build_optimizer(cfg, model)
-    state = load_latest_checkpoint(cfg, loop_config["resume_from"], model, optimizer)
+    scheduler = build_scheduler(cfg, optimizer)
+    scaler = torch.amp.GradScaler(devices[0].type, enabled=cfg.amp == "fp16")
+    state = load_latest_checkpoint(cfg, loop_config["resume_from"], model, optimizer,
+                                   {"scheduler": scheduler, "scaler": scaler})
     # reported once: proves every rank loaded the same weights
     loaded_hash = weights_hash(model) if state.step else None
     if len(state.rng) == world_size:
@@ -58,11 +62,29 @@ def train_loop_per_worker(loop_config: dict) -> None:
         torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
 
     ddp_model = wrap_ddp(model, devices)
-    _WorkerRun(cfg, rank, world_size, devices, model, ddp_model, optimizer, state, loaded_hash).train()
+    parts = TrainParts(model, ddp_model, torch.compile(ddp_model) if cfg.compile else ddp_model,
+                       optimizer, scheduler, scaler)
+    _WorkerRun(cfg, rank, world_size, devices, parts, state, loaded_hash).train()
+
+
+@dataclass
+class TrainParts:
+    """What a step touches: the bare model (saved), its DDP wrapper (no_sync), what runs
+    the forward pass (the wrapper, or its torch.compile), optimizer, LR schedule, scaler."""
+
+    model: nn.Module
+    ddp_model: nn.Module
+    forward: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+
+    def stateful(self) -> dict:
+        return {"scheduler": self.scheduler, "scaler": self.scaler}
 
 
 def load_latest_checkpoint(cfg: TrainConfig, resume_from: Optional[str], model: nn.Module,
-                           optimizer: torch.optim.Optimizer) -> TrainState:
+                           optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
     """Load the newest whole checkpoint into the bare model; a fresh TrainState if none.
 
     Ray's latest (it moves on after an in-run restart) comes first; if its files do not
@@ -80,7 +102,7 @@ def load_latest_checkpoint(cfg: TrainConfig, resume_from: Optional[str], model: 
         with checkpoint.as_directory() as directory:
             problem = verify_checkpoint(directory)
             if problem is None:
-                return load_checkpoint(directory, model, optimizer)
+                return load_checkpoint(directory, model, optimizer, stateful)
         problems.append(f"{checkpoint.path.rsplit('/', 1)[-1]}: {problem}")
     if problems:
         raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))
@@ -92,6 +114,21 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+
+
+def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer):
+    """Linear warm-up over ``warmup_steps``, then constant or cosine decay to 0 at the end."""
+    total = cfg.epochs * cfg.steps_per_epoch
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "cosine":
+            progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def should_save(cfg: TrainConfig, epoch_done: int) -> bool:
@@ -156,16 +193,17 @@ class _Window:
 class _WorkerRun:
     """One worker's training run: epochs of steps, reports, and rank 0's checkpoints."""
 
-    def __init__(self, cfg, rank, world_size, devices, model, ddp_model, optimizer, state,
-                 loaded_hash):
+    def __init__(self, cfg, rank, world_size, devices, parts: TrainParts, state, loaded_hash):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.node_rank = ray.train.get_context().get_node_rank()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.loaded_hash = loaded_hash  # reported once, with the first report
-        self.model, self.ddp_model, self.optimizer, self.state = model, ddp_model, optimizer, state
+        self.parts, self.state = parts, state
+        self.model, self.optimizer = parts.model, parts.optimizer
         self.in_device, self.out_device = devices[0], devices[-1]
-        self.teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim)
+        self.teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(devices[0])
         self.loss_fn = nn.MSELoss()
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
         self.window = self._new_window()
 
     def train(self) -> None:
@@ -185,24 +223,38 @@ class _WorkerRun:
                 self._report(epoch, save=False, epoch_end=False)
 
     def _run_step(self, epoch: int, i: int) -> None:
-        started = self.window.busy.start()
-        x, y = synthetic_batch(self.teacher, self.cfg.seed, epoch, i, self.rank, self.cfg.batch_size)
-        x = x.to(self.in_device, non_blocking=True)
-        y = y.to(self.out_device, non_blocking=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.ddp_model(x), y)
-        self.window.busy.stop(started)
-        loss.backward()
-        self.optimizer.step()
+        """One optimizer step over ``grad_accum`` micro-batches of this rank's rows."""
+        cfg, p, w = self.cfg, self.parts, self.window
+        p.optimizer.zero_grad(set_to_none=True)
+        for micro in range(cfg.grad_accum):
+            started = w.busy.start()
+            start = micro_batch_start(self.rank, micro, cfg.grad_accum, cfg.batch_size)
+            x, y = synthetic_rows(self.teacher, cfg.seed, epoch, i, start, cfg.batch_size)
+            x = x.to(self.in_device, non_blocking=True)
+            y = y.to(self.out_device, non_blocking=True)
+            last = micro == cfg.grad_accum - 1
+            # DDP all-reduces gradients during backward: only once per step, on the last
+            # micro-batch; the others accumulate locally under no_sync().
+            with contextlib.nullcontext() if last else p.ddp_model.no_sync():
+                with torch.autocast(self.in_device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                    loss = self.loss_fn(p.forward(x), y)
+                w.busy.stop(started)
+                p.scaler.scale(loss / cfg.grad_accum).backward()
+            w.loss_sum += loss.detach().float() / cfg.grad_accum
+        if cfg.clip_grad > 0:
+            p.scaler.unscale_(p.optimizer)
+            torch.nn.utils.clip_grad_norm_(p.model.parameters(), cfg.clip_grad)
+        p.scaler.step(p.optimizer)
+        p.scaler.update()
+        p.scheduler.step()
         self.state.step += 1
-        self.window.loss_sum += loss.detach()
-        self.window.steps += 1
+        w.steps += 1
 
     def _report(self, epoch: int, save: bool, epoch_end: bool) -> None:
         cfg, w = self.cfg, self.window
         loss = (w.loss_sum / w.steps).item()  # one device sync per report, not per step
         elapsed = time.perf_counter() - w.started
-        samples = w.steps * cfg.batch_size
+        samples = w.steps * cfg.batch_size * cfg.grad_accum
         metrics = {
             "epoch": epoch + 1,
             "step": self.state.step,
@@ -244,7 +296,7 @@ class _WorkerRun:
             return
         with tempfile.TemporaryDirectory(prefix="ray_ddp_ckpt_") as directory:
             save_checkpoint(directory, self.model, self.optimizer, self.state, self.cfg.to_dict(),
-                            self.rank)
+                            self.rank, self.parts.stateful())
             ray.train.report(
                 metrics,
                 checkpoint=ray.train.Checkpoint.from_directory(directory),

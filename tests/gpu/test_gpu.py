@@ -69,3 +69,31 @@ def test_toy_mp_run_over_a_gpu_pair(ray_gpu, tmp_path):
     summary = run(TrainConfig(model="toy-mp", workers=1, gpus_per_worker=2, epochs=1,
                               steps_per_epoch=10, storage=str(tmp_path), name="mp", quiet=True))
     assert summary.gpus_per_worker == 2 and summary.epochs_completed == 1
+
+
+def test_two_workers_share_one_gpu_over_gloo(ray_gpu, tmp_path):
+    """Fractional GPUs: two workers on one GPU, gloo between them (no NCCL on a shared GPU)."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from ray_ddp.loop import train_loop_per_worker
+
+    cfg = TrainConfig(workers=2, gpus_per_worker=1, backend="gloo", epochs=1, steps_per_epoch=5,
+                      report_every=5, storage=str(tmp_path), name="shared")
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": cfg.to_dict(), "resume_from": None},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=True,
+                                     resources_per_worker={"CPU": 1, "GPU": 0.5}),
+        run_config=RunConfig(name="shared", storage_path=str(tmp_path)),
+    )
+    result = trainer.fit()
+    assert result.checkpoint is not None
+
+
+def test_compile_and_fp16_on_one_gpu(ray_gpu, tmp_path):
+    summary = run(TrainConfig(workers=1, gpus_per_worker=1, amp="fp16", compile=True, epochs=1,
+                              steps_per_epoch=20, storage=str(tmp_path), name="compiled", quiet=True))
+    state = torch.load(f"{summary.checkpoint}/train_state.pt", weights_only=True)
+    assert state["scaler"]["scale"] > 0 and summary.final_loss < 1.0

@@ -3,21 +3,32 @@
 import pyarrow as pa
 import torch
 
-from ray_ddp.data import synthetic_batch, teacher_weights
+from ray_ddp.data import micro_batch_start, synthetic_rows, teacher_weights
 from ray_ddp.metrics import SCHEMA, summarize_metrics
 
 
-def test_batches_repeat_exactly_and_differ_across_ranks_and_steps():
+def test_rows_repeat_exactly_and_differ_across_steps_and_epochs():
     t = teacher_weights(0, 10, 5)
-    a = synthetic_batch(t, 0, epoch=1, step=3, rank=0, batch_size=8)
-    assert all(torch.equal(u, v) for u, v in zip(a, synthetic_batch(t, 0, 1, 3, 0, 8)))
-    for other in [(1, 3, 1), (1, 4, 0), (2, 3, 0)]:
-        assert not torch.equal(a[0], synthetic_batch(t, 0, *other, 8)[0])
+    a = synthetic_rows(t, 0, epoch=1, step=3, start=0, count=8)
+    assert all(torch.equal(u, v) for u, v in zip(a, synthetic_rows(t, 0, 1, 3, 0, 8)))
+    for epoch, step, start in [(1, 3, 8), (1, 4, 0), (2, 3, 0)]:
+        assert not torch.equal(a[0], synthetic_rows(t, 0, epoch, step, start, 8)[0])
+
+
+def test_the_global_batch_is_the_same_rows_however_it_is_split():
+    t = teacher_weights(0, 10, 5)
+    whole_x, whole_y = synthetic_rows(t, 0, 0, 7, 0, 256)
+    for world, accum, batch in [(2, 2, 64), (1, 4, 64), (4, 1, 64), (3, 1, 85)]:
+        parts = [synthetic_rows(t, 0, 0, 7, micro_batch_start(r, m, accum, batch), batch)
+                 for r in range(world) for m in range(accum)]
+        x = torch.cat([p[0] for p in parts])
+        assert torch.equal(x, whole_x[: len(x)])
+        assert torch.equal(torch.cat([p[1] for p in parts]), whole_y[: len(x)])
 
 
 def test_targets_are_learnable_from_the_teacher():
     t = teacher_weights(0, 10, 5)
-    x, y = synthetic_batch(t, 0, 0, 0, 0, 4096)
+    x, y = synthetic_rows(t, 0, 0, 0, 0, 4096)
     residual = (y - x @ t).pow(2).mean()
     assert residual < 1e-3 < y.var()
 
