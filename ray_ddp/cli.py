@@ -52,6 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--storage", default=TrainConfig.storage,
                       help=f"where the demo's runs live (default: {TrainConfig.storage})")
 
+    launch = sub.add_parser("launch", help="run a torchrun-style script in N processes placed by Ray")
+    launch.add_argument("--workers", type=int, default=2, help="processes (world size) (default: 2)")
+    launch.add_argument("--gpus-per-worker", type=int, default=0, choices=(0, 1, 2),
+                        help="GPUs each process owns (default: 0)")
+    launch.add_argument("--address", default=None,
+                        help="Ray cluster to attach to (auto or HOST:PORT); default: RAY_ADDRESS, "
+                             "else start a local Ray")
+    launch.add_argument("--max-failures", type=int, default=0,
+                        help="restart all processes this many times when one fails (default: 0)")
+    launch.add_argument("script", help="the script; it reads RANK, WORLD_SIZE, LOCAL_RANK, "
+                                       "MASTER_ADDR, MASTER_PORT")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+
     runs = sub.add_parser("runs", help="list the runs under a storage folder")
     runs.add_argument("--storage", default=TrainConfig.storage,
                       help=f"where the runs live (default: {TrainConfig.storage})")
@@ -83,6 +96,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "launch":
+            return _launch(args)
         if args.command == "runs":
             return _runs(args)
         if args.command == "report":
@@ -126,6 +141,17 @@ def _demo(args: argparse.Namespace) -> int:
         return EXIT_TRAINING_FAILED
     print(f"demo {args.which}: OK: {result.detail}")
     return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from .spawn import launch
+
+    if not os.path.isfile(args.script):
+        raise ConfigError(f"script not found: {args.script}")
+    if args.max_failures < 0:
+        raise ConfigError(f"--max-failures must be 0 or more, got {args.max_failures}")
+    return launch([os.path.abspath(args.script), *args.script_args], args.workers,
+                  args.gpus_per_worker, args.address, args.max_failures)
 
 
 def _runs(args: argparse.Namespace) -> int:

@@ -82,7 +82,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
                 return RunSummary(**{**summary, "already_complete": True})
             return _write_summary(cfg, store, None, resumed_from, started)
 
-    with _ray_session(cfg) as node_gpus:
+    with attach_ray(cfg.address, cfg.verbose, local_cpus=cfg.workers or 0) as node_gpus:
         placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
                                    stages=model_stages(cfg.model))
         if cfg.amp == "fp16" and not placement.use_gpu:
@@ -143,10 +143,12 @@ def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str) -> N
 
 
 @contextmanager
-def _ray_session(cfg: TrainConfig) -> Iterator[list[int]]:
-    """Attach to Ray (``--address``, RAY_ADDRESS, or an already initialized Ray) or start
-    a local one; yield the GPU count of each alive node; shut down only what we started."""
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
+def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0,
+               show_worker_output: bool = False) -> Iterator[list[int]]:
+    """Attach to Ray (``address``, RAY_ADDRESS, or an already initialized Ray) or start a
+    private local one; yield the GPU count of each alive node; disconnect (or stop) only
+    what this call connected (or started)."""
+    address = address or os.environ.get("RAY_ADDRESS")
     if address is None and "ray" not in sys.modules:
         # A private single-node Ray listens on loopback only, as Ray does on a laptop
         # (macOS); Ray reads this when it is imported, so only before that.
@@ -156,18 +158,14 @@ def _ray_session(cfg: TrainConfig) -> Iterator[list[int]]:
     started_here = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = dict(
-            log_to_driver=cfg.verbose,
-            logging_level=logging.INFO if cfg.verbose else logging.ERROR,
-            include_dashboard=False if address is None else None,
+            log_to_driver=verbose or show_worker_output,
+            logging_level=logging.INFO if verbose else logging.ERROR,
         )
         if address is None:
-            # A private local Ray: listening on loopback only, with as many CPU slots as
-            # workers asked for, so it never waits.
-            want = cfg.workers or 0
-            kwargs["num_cpus"] = max(os.cpu_count() or 1, want)
+            # as many CPU slots as workers asked for, so a local run never waits
+            kwargs.update(num_cpus=max(os.cpu_count() or 1, local_cpus), include_dashboard=False)
             address = "local"
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        if address != "local":
+        else:
             _check_reachable(address)
         try:
             ray.init(address=address, **kwargs)
@@ -179,7 +177,7 @@ def _ray_session(cfg: TrainConfig) -> Iterator[list[int]]:
                 f"cannot attach to the Ray cluster at {address} ({first}); start one with "
                 "`ray start --head`, fix --address / RAY_ADDRESS, or unset both to run locally"
             ) from None
-        started_here = True  # we connected (or started): we disconnect (or stop)
+        started_here = True
     try:
         yield [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
     finally:
@@ -287,17 +285,23 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
 
 def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
     """The one place that sets workers' environment: nothing, except that a user model
-    (``package.module:callable``) must import on the workers as it did here, so the
-    folder it was imported from goes on their PYTHONPATH. (Under ``ray job submit`` the
-    job's working_dir is on it already; on a multi-node cluster that folder must exist on
-    every node, as a shared filesystem or the job's working_dir provides.)"""
+    (``package.module:callable``) must import on the workers as it did here."""
     if ":" not in cfg.model:
         return {}
+    return importable_env(cfg.model.split(":")[0])
+
+
+def importable_env(module_name: str) -> dict[str, Any]:
+    """A runtime_env that puts the folder ``module_name`` was imported from on workers'
+    PYTHONPATH (Ray does not ship the driver's sys.path). Under ``ray job submit`` the
+    job's working_dir is there already; on a multi-node cluster the folder must exist on
+    every node, as a shared filesystem or the job's working_dir provides."""
     import importlib
 
-    top = cfg.model.split(":")[0].split(".")[0]
-    module = importlib.import_module(top)
-    origin = getattr(module, "__file__", None)
+    top = module_name.split(".")[0]
+    if top == "__main__":
+        return {}  # cloudpickle ships __main__'s functions by value
+    origin = getattr(importlib.import_module(top), "__file__", None)
     if origin is None:
         return {}
     root = os.path.dirname(os.path.abspath(origin))
