@@ -65,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
                                        "MASTER_ADDR, MASTER_PORT")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
 
+    data = sub.add_parser("data", help="data set tools")
+    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    synth = data_sub.add_parser("synth", help="write a parquet regression set labelled by a "
+                                              "fixed random teacher network")
+    synth.add_argument("--rows", type=int, required=True, help="rows to write")
+    synth.add_argument("--features", type=int, default=10, help="feature columns f0.. (default: 10)")
+    synth.add_argument("--targets", type=int, default=5, help="target columns t0.. (default: 5)")
+    synth.add_argument("--out", required=True,
+                       help="a folder (or a .parquet file with --files 1); local path or URI")
+    synth.add_argument("--files", type=int, default=1, help="parquet files to split into (default: 1)")
+    synth.add_argument("--seed", type=int, default=0, help="seed of the teacher and rows (default: 0)")
+
     runs = sub.add_parser("runs", help="list the runs under a storage folder")
     runs.add_argument("--storage", default=TrainConfig.storage,
                       help=f"where the runs live (default: {TrainConfig.storage})")
@@ -96,6 +108,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "data":
+            return _data_synth(args)
         if args.command == "launch":
             return _launch(args)
         if args.command == "runs":
@@ -140,6 +154,15 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"ray-ddp demo {args.which}: FAILED: {err}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
     print(f"demo {args.which}: OK: {result.detail}")
+    return 0
+
+
+def _data_synth(args: argparse.Namespace) -> int:
+    from .datasets import write_synthetic
+
+    paths = write_synthetic(args.out, args.rows, args.features, args.targets, args.files, args.seed)
+    print(f"wrote {args.rows} rows ({args.features} features, {args.targets} targets) "
+          f"to {len(paths)} parquet file(s) under {args.out}")
     return 0
 
 

@@ -42,8 +42,20 @@ class TrainConfig:
         "returning an nn.Module",
         default="toy",
     )
-    input_dim: int = _opt("features per synthetic sample", default=10)
-    output_dim: int = _opt("targets per synthetic sample", default=5)
+    data: str = _opt("training data: synthetic, or a parquet file / folder of parquet files "
+                     "(local path or URI), loaded into each worker's memory", default="synthetic")
+    features: Optional[str] = _opt("input columns of --data, COL[,COL...] (or one fixed-size list "
+                                   "column); default: f0, f1, ... as `ray-ddp data synth` writes",
+                                   default=None)
+    target: Optional[str] = _opt("target columns of --data, COL[,COL...]; default: t0, t1, ...",
+                                 default=None)
+    dataset: Optional[str] = _opt("a user's map-style torch Dataset of (input, target) pairs: "
+                                  "package.module:callable; sharded with DistributedSampler",
+                                  default=None)
+    input_dim: int = _opt("features per synthetic sample (with --data: taken from the columns)",
+                          default=10)
+    output_dim: int = _opt("targets per synthetic sample (with --data: taken from the columns)",
+                           default=5)
     width: int = _opt("hidden width of the mlp model", default=256)
     depth: int = _opt("hidden layers of the mlp model", default=2)
     # --- placement ---
@@ -72,7 +84,8 @@ class TrainConfig:
     )
     # --- optimisation ---
     epochs: int = _opt("total epochs (a resumed run trains up to this many)", default=3)
-    steps_per_epoch: int = _opt("optimizer steps per epoch", default=20)
+    steps_per_epoch: int = _opt("optimizer steps per epoch (with --data or --dataset: as many as "
+                                "one pass over the rows takes)", default=20)
     batch_size: int = _opt("samples per step on EACH worker", default=32)
     lr: float = _opt("learning rate", default=0.05)
     optimizer: str = _opt("optimizer: sgd (momentum 0.9) or adamw", default="sgd", choices=OPTIMIZERS)
@@ -183,6 +196,10 @@ class TrainConfig:
                 f"unknown model '{self.model}'; use one of {', '.join(BUILTIN_MODELS)} "
                 "or package.module:callable"
             )
+        if self.dataset is not None and self.data != "synthetic":
+            raise ConfigError("give --data or --dataset, not both")
+        if self.dataset is not None and ":" not in self.dataset:
+            raise ConfigError(f"--dataset '{self.dataset}' must look like package.module:callable")
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
             raise ConfigError(
                 f"--name '{self.name}' must be a plain folder name (letters, digits, '.', '_', '-'; "

@@ -52,3 +52,93 @@ def synthetic_rows(teacher: torch.Tensor, seed: int, epoch: int, step: int, star
 def micro_batch_start(rank: int, micro: int, grad_accum: int, batch_size: int) -> int:
     """Where a rank's micro-batch begins in the global batch (ranks take contiguous runs)."""
     return (rank * grad_accum + micro) * batch_size
+
+
+# ----------------------------------------------------------------------------- sources
+# A source hands a rank the rows of one micro-batch of a step, and ``share``: the rows
+# each rank owns in that step on average (global rows / world size). The loss of a
+# micro-batch is its summed error / share, so DDP's average over ranks is the exact mean
+# over the global batch, however the rows were split (unequal last steps included).
+
+
+class SyntheticSource:
+    """The synthetic task: every step a full global batch of fresh rows."""
+
+    def __init__(self, teacher: torch.Tensor, seed: int, rank: int, world: int, batch_size: int,
+                 grad_accum: int):
+        self.teacher, self.seed, self.rank = teacher, seed, rank
+        self.batch_size, self.grad_accum = batch_size, grad_accum
+        self.share = float(batch_size * grad_accum)
+
+    def micro_batch(self, epoch: int, step: int, micro: int):
+        start = micro_batch_start(self.rank, micro, self.grad_accum, self.batch_size)
+        x, y = synthetic_rows(self.teacher, self.seed, epoch, step, start, self.batch_size)
+        return x, y, self.share
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The order of the rows in an epoch: a permutation fixed by (seed, epoch)."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch + 1) % (1 << 63))
+    return torch.randperm(n, generator=g)
+
+
+def rows_of_step(order: torch.Tensor, step: int, rank: int, micro: int, world: int,
+                 batch_size: int, grad_accum: int) -> tuple[torch.Tensor, float]:
+    """Row indices of one micro-batch, and each rank's share of the step's rows.
+
+    Step ``s`` takes rows ``order[s*G:(s+1)*G]`` (G = world x batch x accum; the last
+    step takes what is left) split in order into world x accum parts, so every row is
+    seen once per epoch and the global batch does not depend on the split."""
+    global_batch = world * batch_size * grad_accum
+    rows = order[step * global_batch:(step + 1) * global_batch]
+    parts = torch.tensor_split(rows, world * grad_accum)
+    return parts[rank * grad_accum + micro], len(rows) / world
+
+
+class TableSource:
+    """A table of rows in memory (a parquet data set), in a seeded order each epoch."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, seed: int, rank: int, world: int,
+                 batch_size: int, grad_accum: int):
+        self.x, self.y, self.seed = x, y, seed
+        self.rank, self.world, self.batch_size, self.grad_accum = rank, world, batch_size, grad_accum
+        self._order_epoch, self._order = -1, None
+
+    def micro_batch(self, epoch: int, step: int, micro: int):
+        if epoch != self._order_epoch:
+            self._order_epoch, self._order = epoch, epoch_order(len(self.x), self.seed, epoch)
+        idx, share = rows_of_step(self._order, step, self.rank, micro, self.world,
+                                  self.batch_size, self.grad_accum)
+        return self.x[idx], self.y[idx], share
+
+
+class DatasetSource:
+    """A user's map-style torch Dataset, sharded by DistributedSampler (set_epoch each
+    epoch, so every epoch has its own shuffle and all ranks agree on it)."""
+
+    def __init__(self, dataset, seed: int, rank: int, world: int, batch_size: int, grad_accum: int):
+        from torch.utils.data import DistributedSampler
+
+        self.dataset = dataset
+        self.sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                          seed=seed, drop_last=False)
+        self.batch_size, self.grad_accum = batch_size, grad_accum
+        self._epoch, self._indices = -1, []
+
+    def micro_batch(self, epoch: int, step: int, micro: int):
+        from torch.utils.data import default_collate
+
+        if epoch != self._epoch:
+            self.sampler.set_epoch(epoch)
+            self._epoch, self._indices = epoch, list(self.sampler)
+        per_step = self.batch_size * self.grad_accum
+        in_step = self._indices[step * per_step:(step + 1) * per_step]
+        idx = in_step[micro * self.batch_size:(micro + 1) * self.batch_size]
+        x, y = default_collate([self.dataset[i] for i in idx])
+        # every rank holds the same count (the sampler pads), so its share is its own
+        return x.float(), y.float(), float(len(in_step))
+
+
+def steps_for_rows(rows: int, world: int, batch_size: int, grad_accum: int) -> int:
+    global_batch = world * batch_size * grad_accum
+    return max(1, -(-rows // global_batch))

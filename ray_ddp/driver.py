@@ -62,6 +62,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     """Train as ``cfg`` says and return the summary; raises ConfigError on a user mistake."""
     started = time.time()
     cfg = _with_default_name(cfg.validate())
+    _fit_data_to(cfg, cfg.workers or 1)  # checks the data before Ray starts; redone below
     check_model(cfg)
     store = resolve_storage(cfg.storage)
     check_writable(store)
@@ -85,6 +86,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     with attach_ray(cfg.address, cfg.verbose, local_cpus=cfg.workers or 0) as node_gpus:
         placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
                                    stages=model_stages(cfg.model))
+        _fit_data_to(cfg, placement.workers)
         if cfg.amp == "fp16" and not placement.use_gpu:
             raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
         ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
@@ -108,6 +110,33 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
 
     _write_status(store, run_path, "complete", cfg, placement)
     return _write_summary(cfg, store, placement, resumed_from, started)
+
+
+def _fit_data_to(cfg: TrainConfig, workers: int) -> None:
+    """With --data / --dataset, the data decides the model's dims and the steps per epoch
+    (one pass over the rows); a bad data set is refused here with one line."""
+    from .data import steps_for_rows
+
+    if cfg.data != "synthetic":
+        from .datasets import inspect_table
+
+        table = inspect_table(cfg.data, cfg.features, cfg.target)
+        cfg.input_dim, cfg.output_dim = table.input_dim, table.output_dim
+        cfg.steps_per_epoch = steps_for_rows(table.rows, workers, cfg.batch_size, cfg.grad_accum)
+    elif cfg.dataset is not None:
+        from .datasets import load_user_dataset
+
+        ds = load_user_dataset(cfg.dataset)
+        x, y = ds[0]
+        cfg.input_dim, cfg.output_dim = int(torch_numel(x)), int(torch_numel(y))
+        per_rank = -(-len(ds) // workers)  # DistributedSampler pads to equal shares
+        cfg.steps_per_epoch = steps_for_rows(per_rank, 1, cfg.batch_size, cfg.grad_accum)
+
+
+def torch_numel(t: Any) -> int:
+    import torch
+
+    return torch.as_tensor(t).numel()
 
 
 def describe_global_batch(cfg: TrainConfig, workers: int) -> str:
@@ -135,7 +164,8 @@ def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str) -> N
                 f"run {cfg.name} was trained with {key}={saved[key]!r} but this command has "
                 f"{key}={getattr(cfg, key)!r}; use the same value to resume, or a new --name"
             )
-    if cfg.steps_per_epoch != saved.get("steps_per_epoch", cfg.steps_per_epoch):
+    data_decides_steps = cfg.data != "synthetic" or cfg.dataset is not None
+    if not data_decides_steps and cfg.steps_per_epoch != saved.get("steps_per_epoch", cfg.steps_per_epoch):
         raise ConfigError(
             f"run {cfg.name} has steps_per_epoch={saved['steps_per_epoch']} in {dir_name}; "
             "resume with the same --steps-per-epoch, or use a new --name"
@@ -148,6 +178,8 @@ def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0,
     """Attach to Ray (``address``, RAY_ADDRESS, or an already initialized Ray) or start a
     private local one; yield the GPU count of each alive node; disconnect (or stop) only
     what this call connected (or started)."""
+    if address is not None:
+        _check_reachable(address)  # an explicit address is checked even if Ray is up here
     address = address or os.environ.get("RAY_ADDRESS")
     if address is None and "ray" not in sys.modules:
         # A private single-node Ray listens on loopback only, as Ray does on a laptop
@@ -166,7 +198,7 @@ def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0,
             kwargs.update(num_cpus=max(os.cpu_count() or 1, local_cpus), include_dashboard=False)
             address = "local"
         else:
-            _check_reachable(address)
+            _check_reachable(address)  # RAY_ADDRESS: fail in seconds, not minutes
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -284,30 +316,34 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
 
 
 def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
-    """The one place that sets workers' environment: nothing, except that a user model
-    (``package.module:callable``) must import on the workers as it did here."""
-    if ":" not in cfg.model:
-        return {}
-    return importable_env(cfg.model.split(":")[0])
+    """The one place that sets workers' environment: nothing, except that a user model or
+    dataset (``package.module:callable``) must import on the workers as it did here."""
+    specs = [spec for spec in (cfg.model, cfg.dataset) if spec and ":" in spec]
+    return importable_env(*(spec.split(":")[0] for spec in specs)) if specs else {}
 
 
-def importable_env(module_name: str) -> dict[str, Any]:
+def importable_env(*module_names: str) -> dict[str, Any]:
     """A runtime_env that puts the folder ``module_name`` was imported from on workers'
     PYTHONPATH (Ray does not ship the driver's sys.path). Under ``ray job submit`` the
     job's working_dir is there already; on a multi-node cluster the folder must exist on
     every node, as a shared filesystem or the job's working_dir provides."""
     import importlib
 
-    top = module_name.split(".")[0]
-    if top == "__main__":
-        return {}  # cloudpickle ships __main__'s functions by value
-    origin = getattr(importlib.import_module(top), "__file__", None)
-    if origin is None:
+    roots = []
+    for module_name in module_names:
+        top = module_name.split(".")[0]
+        if top == "__main__":
+            continue  # cloudpickle ships __main__'s functions by value
+        origin = getattr(importlib.import_module(top), "__file__", None)
+        if origin is None:
+            continue
+        root = os.path.dirname(os.path.abspath(origin))
+        if os.path.basename(origin) == "__init__.py":
+            root = os.path.dirname(root)  # a package: its parent folder goes on the path
+        roots.append(root)
+    if not roots:
         return {}
-    root = os.path.dirname(os.path.abspath(origin))
-    if os.path.basename(origin) == "__init__.py":
-        root = os.path.dirname(root)  # a package: its parent folder is what goes on the path
-    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = roots + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from .checkpoint import CheckpointError, TrainState, capture_rng, checkpoint_dir_name, \
     load_checkpoint, restore_rng, save_checkpoint, verify_checkpoint, weights_hash
 from .config import TrainConfig
-from .data import micro_batch_start, synthetic_rows, teacher_weights
+from .data import DatasetSource, SyntheticSource, TableSource, teacher_weights
 from .devices import wrap_ddp
 from .models import build_model
 from .storage import resolve_storage
@@ -116,6 +116,22 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer
     return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
 
 
+def build_source(cfg: TrainConfig, rank: int, world_size: int, device: torch.device):
+    """Where this rank's rows come from: synthetic, a parquet table, or a user Dataset."""
+    if cfg.dataset is not None:
+        from .datasets import load_user_dataset
+
+        return DatasetSource(load_user_dataset(cfg.dataset), cfg.seed, rank, world_size,
+                             cfg.batch_size, cfg.grad_accum)
+    if cfg.data != "synthetic":
+        from .datasets import inspect_table, load_table
+
+        x, y = load_table(inspect_table(cfg.data, cfg.features, cfg.target))
+        return TableSource(x, y, cfg.seed, rank, world_size, cfg.batch_size, cfg.grad_accum)
+    teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(device)
+    return SyntheticSource(teacher, cfg.seed, rank, world_size, cfg.batch_size, cfg.grad_accum)
+
+
 def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer):
     """Linear warm-up over ``warmup_steps``, then constant or cosine decay to 0 at the end."""
     total = cfg.epochs * cfg.steps_per_epoch
@@ -187,6 +203,7 @@ class _Window:
     loss_sum: torch.Tensor
     busy: _BusyClock
     steps: int = 0
+    samples: int = 0
     started: float = 0.0
 
 
@@ -201,8 +218,7 @@ class _WorkerRun:
         self.parts, self.state = parts, state
         self.model, self.optimizer = parts.model, parts.optimizer
         self.in_device, self.out_device = devices[0], devices[-1]
-        self.teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(devices[0])
-        self.loss_fn = nn.MSELoss()
+        self.source = build_source(cfg, rank, world_size, devices[0])
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
         self.window = self._new_window()
 
@@ -228,8 +244,7 @@ class _WorkerRun:
         p.optimizer.zero_grad(set_to_none=True)
         for micro in range(cfg.grad_accum):
             started = w.busy.start()
-            start = micro_batch_start(self.rank, micro, cfg.grad_accum, cfg.batch_size)
-            x, y = synthetic_rows(self.teacher, cfg.seed, epoch, i, start, cfg.batch_size)
+            x, y, share = self.source.micro_batch(epoch, i, micro)
             x = x.to(self.in_device, non_blocking=True)
             y = y.to(self.out_device, non_blocking=True)
             last = micro == cfg.grad_accum - 1
@@ -237,10 +252,14 @@ class _WorkerRun:
             # micro-batch; the others accumulate locally under no_sync().
             with contextlib.nullcontext() if last else p.ddp_model.no_sync():
                 with torch.autocast(self.in_device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                    loss = self.loss_fn(p.forward(x), y)
+                    out = p.forward(x)
+                # summed squared error / this rank's share of the step's rows: DDP's mean
+                # over ranks is then the exact MSE over the global batch, however it is split
+                loss = (out.float() - y).pow(2).sum() / (y.shape[1] * share)
                 w.busy.stop(started)
-                p.scaler.scale(loss / cfg.grad_accum).backward()
-            w.loss_sum += loss.detach().float() / cfg.grad_accum
+                p.scaler.scale(loss).backward()
+            w.loss_sum += loss.detach()
+            w.samples += len(x)
         if cfg.clip_grad > 0:
             p.scaler.unscale_(p.optimizer)
             torch.nn.utils.clip_grad_norm_(p.model.parameters(), cfg.clip_grad)
@@ -254,7 +273,7 @@ class _WorkerRun:
         cfg, w = self.cfg, self.window
         loss = (w.loss_sum / w.steps).item()  # one device sync per report, not per step
         elapsed = time.perf_counter() - w.started
-        samples = w.steps * cfg.batch_size * cfg.grad_accum
+        samples = w.samples
         metrics = {
             "epoch": epoch + 1,
             "step": self.state.step,

@@ -60,21 +60,21 @@ def build_mlp(input_dim: int, output_dim: int, width: int, depth: int) -> nn.Seq
     return nn.Sequential(*layers)
 
 
-def load_callable(spec: str) -> Callable[..., nn.Module]:
+def load_callable(spec: str, what: str = "model") -> Callable[..., nn.Module]:
     """Resolve ``package.module:callable``; raise ConfigError with the reason if it fails."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"model '{spec}' must look like package.module:callable")
+        raise ConfigError(f"{what} '{spec}' must look like package.module:callable")
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # any import-time failure of user code is the user's to fix
         raise ConfigError(
-            f"model '{spec}': cannot import {module_name} ({type(err).__name__}: {err}); "
+            f"{what} '{spec}': cannot import {module_name} ({type(err).__name__}: {err}); "
             "check the module is on PYTHONPATH"
         ) from None
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
-        raise ConfigError(f"model '{spec}': {module_name} has no callable named {attr}")
+        raise ConfigError(f"{what} '{spec}': {module_name} has no callable named {attr}")
     return fn
 
 
