@@ -8,9 +8,11 @@ from ray_ddp import TrainConfig
 
 
 def small(tmp, name, **kw) -> TrainConfig:
-    """A few seconds of training: 2 workers, 3 epochs of 10 steps, a report every 5 steps."""
+    """A few seconds of training: 2 workers, 3 epochs of 10 steps, a report every 5 steps,
+    with LR warm-up and gradient clipping, so every resume test also shows that the
+    schedule's state comes back (a restarted warm-up would change the weights)."""
     base = dict(workers=2, epochs=3, steps_per_epoch=10, batch_size=16, report_every=5,
-                storage=str(tmp), name=name, quiet=True)
+                warmup_steps=3, clip_grad=1.0, storage=str(tmp), name=name, quiet=True)
     return TrainConfig(**{**base, **kw})
 
 
