@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -59,9 +60,11 @@ class RunSummary:
 
 
 def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
-    """Train as ``cfg`` says and return the summary; raises ConfigError on a user mistake."""
+    """Train as ``cfg`` says and return the summary. Raises ConfigError on a user mistake
+    (before anything is written) and TrainingError when training failed. ``cfg`` itself is
+    left as it was: the defaults filled in here go to a copy."""
     started = time.time()
-    cfg = _with_default_name(cfg.validate())
+    cfg = _with_default_name(dataclasses.replace(cfg).validate())
     _fit_data_to(cfg, cfg.workers or 1)  # checks the data before Ray starts; redone below
     check_model(cfg)
     store = resolve_storage(cfg.storage)

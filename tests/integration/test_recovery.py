@@ -74,7 +74,8 @@ def test_interrupted_driver_then_same_command_matches(full_run, storage):
     name = "interrupted-driver"
     argv = [sys.executable, "-m", "ray_ddp", "train", "--model", "user_models:slow_toy",
             "--workers", "2", "--epochs", "3", "--steps-per-epoch", "10", "--batch-size", "16",
-            "--report-every", "5", "--storage", str(storage), "--name", name]
+            "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0",  # as small()
+            "--storage", str(storage), "--name", name]
     env = {**os.environ, "PYTHONPATH": HELPERS}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
