@@ -5,7 +5,8 @@ Runs on the driver, which places N Ray actors (one GPU, a pair, or a CPU each; o
 placement group, so the job starts whole or not at all) and runs the user's code in
 them. Each process finds in its environment what ``dist.init_process_group()`` (env://)
 needs: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and a free
-MASTER_PORT on rank 0's node. ``ray_ddp.device()`` gives a process its device (Ray sets
+MASTER_PORT on rank 0's node, where rank 0's actor hosts the rendezvous store for the
+group's whole life (as torchrun's agent does). ``ray_ddp.device()`` gives a process its device (Ray sets
 CUDA_VISIBLE_DEVICES per process, so it is ``cuda:0``, never ``cuda:<rank>``).
 The code in the actors (``_Process``) is the only part that runs on the workers.
 """
@@ -59,6 +60,17 @@ class _Process:
 
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), _free_port()
 
+    def host_store(self, port: int, world_size: int) -> None:
+        """Host the rendezvous TCPStore for the whole group's life, as torchrun's agent
+        does: if rank 0's own process hosted it, a rank still tearing down its process
+        group when rank 0 exits would lose the store and abort."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore("0.0.0.0", port, world_size, is_master=True,
+                                    timeout=timedelta(minutes=30), wait_for_workers=False)
+
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
 
@@ -95,6 +107,7 @@ def _start_group(placement: PlacementConfig, runtime_env: dict) -> _Group:
     ]
     where = ray.get([a.where.remote() for a in actors])
     master_addr, master_port = where[0][1], where[0][2]
+    ray.get(actors[0].host_store.remote(master_port, placement.workers))
     per_node: dict[str, list[int]] = {}
     for rank, (node, _, _) in enumerate(where):
         per_node.setdefault(node, []).append(rank)
@@ -104,6 +117,8 @@ def _start_group(placement: PlacementConfig, runtime_env: dict) -> _Group:
             "LOCAL_RANK": str(per_node[where[rank][0]].index(rank)),
             "LOCAL_WORLD_SIZE": str(len(per_node[where[rank][0]])),
             "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+            # every rank, rank 0 too, is a client of the store the rank-0 actor hosts
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
         })
         for rank, a in enumerate(actors)
     ])
@@ -174,7 +189,8 @@ def launch(argv: list[str], nprocs: int, gpus_per_process: int = 0,
                                    check_exit_codes=True, show_output=True)
     except ProcessFailed as err:
         print(f"ray-ddp launch: {err}", file=sys.stderr)
-        return err.exit_code if err.exit_code else 1
+        code = err.exit_code or 1
+        return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells say
     return codes[0]
 
 
