@@ -110,7 +110,12 @@ class TrainConfig:
     )
     keep: int = _opt("newest checkpoints to keep", default=2)
     checkpoint_every: int = _opt("epochs between checkpoints (the last epoch always saves)", default=1)
-    report_every: int = _opt("steps between metric reports (every epoch end reports too)", default=10)
+    report_every: int = _opt("steps per metrics row: each rank's loss and timing are summed over this "
+                             "many steps (every epoch end closes a row too)", default=10)
+    report_interval: float = _opt(
+        "least seconds between sends of metrics rows to Ray Train, which takes one report per "
+        "worker per poll (2 s); sooner ones would stall training (0: send every row; "
+        "checkpoints always send)", default=3.0)
     max_failures: int = _opt("worker-group restarts from the latest checkpoint before giving up", default=0)
     tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "
                              "(local storage)", default=False)
@@ -167,6 +172,8 @@ class TrainConfig:
             _require_positive(name, getattr(self, name))
         if self.workers is not None:
             _require_positive("workers", self.workers)
+        if not math.isfinite(self.report_interval) or self.report_interval < 0:
+            raise ConfigError(f"--report-interval must be 0 or more seconds, got {self.report_interval}")
         if not math.isfinite(self.wait_for_resources) or self.wait_for_resources < 0:
             raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {self.wait_for_resources}")
         if self.max_failures < -1:

@@ -8,6 +8,7 @@ the rank number as the tutorial does (that only holds on one machine).
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -102,3 +103,12 @@ def wrap_ddp(model: nn.Module, devices: Sequence[torch.device]) -> DDP:
     if len(distinct) == 1 and devices[0].type == "cuda":
         return DDP(model, device_ids=[devices[0]], output_device=devices[0])
     return DDP(model, device_ids=None, output_device=None)
+
+
+def peak_memory_mb(device: torch.device) -> dict:
+    """This process's peak host memory (RSS; Linux counts KiB) and, on a GPU, the peak
+    memory torch allocated there."""
+    out = {"max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["gpu_max_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out

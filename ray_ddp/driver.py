@@ -54,6 +54,8 @@ class RunSummary:
     backend: str = ""
     wall_time_s: float = 0.0
     already_complete: bool = False
+    startup_s: Optional[dict[str, float]] = None
+
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +66,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     (before anything is written) and TrainingError when training failed. ``cfg`` itself is
     left as it was: the defaults filled in here go to a copy."""
     started = time.time()
+    marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
     cfg = _with_default_name(dataclasses.replace(cfg).validate())
     _fit_data_to(cfg, cfg.workers or 1)  # checks the data before Ray starts; redone below
     check_model(cfg)
@@ -86,7 +89,9 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
                 return RunSummary(**{**summary, "already_complete": True})
             return _write_summary(cfg, store, None, resumed_from, started)
 
+    marks["attach"] = time.time()
     with attach_ray(cfg.address, cfg.verbose, local_cpus=cfg.workers or 0) as node_gpus:
+        marks["ray"] = time.time()
         placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
                                    stages=model_stages(cfg.model))
         _fit_data_to(cfg, placement.workers)
@@ -101,6 +106,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
                  f"global batch {describe_global_batch(cfg, placement.workers)}, {cfg.epochs} "
                  f"epochs x {cfg.steps_per_epoch} steps -> {run_path}")
         _write_status(store, run_path, "running", cfg, placement)
+        marks["fit"] = time.time()
         try:
             with show_progress(store, run_path, echo, enabled=not cfg.quiet):
                 _fit(cfg, store, placement, scan.latest)
@@ -112,7 +118,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
             raise
 
     _write_status(store, run_path, "complete", cfg, placement)
-    return _write_summary(cfg, store, placement, resumed_from, started)
+    return _write_summary(cfg, store, placement, resumed_from, started, marks)
 
 
 def _fit_data_to(cfg: TrainConfig, workers: int) -> None:
@@ -350,6 +356,41 @@ def importable_env(*module_names: str) -> dict[str, Any]:
     return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
 
 
+def _process_start_time(fallback: float) -> float:
+    """When this process started (the user's command), so start-up counts the imports."""
+    try:  # Linux: the process's start in clock ticks after boot, and the boot time
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):  # not Linux: count from run()
+        return fallback
+
+
+def describe_startup(marks: dict[str, float], table) -> Optional[dict[str, float]]:
+    """Where the seconds before the first training step went, in order:
+    python (interpreter and imports), checks (config, model, data, storage), ray
+    (ray.init or attaching), placement (resources, preflight), trainer (Ray Train's
+    controller, the worker processes, the process group) and first_step (model build,
+    checkpoint load, DDP's broadcast, the first step itself, on rank 0)."""
+    # rank 0's first attempt in this run (a resumed run's table holds older runs' rows too)
+    rows = [r for r in table.to_pylist() if r["rank"] == 0 and r.get("first_step_at") is not None
+            and r["started_at"] >= marks["fit"]]
+    if not rows:
+        return None
+    first = min(rows, key=lambda r: r["started_at"])
+    points = [("python", marks["run"]), ("checks", marks["attach"]), ("ray", marks["ray"]),
+              ("placement", marks["fit"]), ("trainer", first["started_at"]),
+              ("first_step", first["first_step_at"])]
+    out, previous = {}, marks["process"]
+    for name, at in points:
+        out[name] = round(at - previous, 3)
+        previous = at
+    out["total"] = round(first["first_step_at"] - marks["process"], 3)
+    return out
+
+
 def _describe_failure(err: Exception) -> str:
     """One line for the user: the first failing rank and its exception's last line."""
     failures = getattr(err, "worker_failures", None) or {}
@@ -363,7 +404,8 @@ def _describe_failure(err: Exception) -> str:
 
 
 def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
-                   resumed_from: Optional[str], started: float) -> RunSummary:
+                   resumed_from: Optional[str], started: float,
+                   marks: Optional[dict[str, float]] = None) -> RunSummary:
     from .metrics import summarize_metrics
 
     run_path = store.run_path(cfg.name)
@@ -388,6 +430,7 @@ def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[P
         steps=meta.get("step", 0),
         backend=placement.backend if placement else saved_cfg.get("backend", ""),
         wall_time_s=round(time.time() - started, 3),
+        startup_s=describe_startup(marks, table) if marks and table is not None else None,
     )
     write_json(store.fs, f"{run_path}/{SUMMARY_FILE}", summary.to_dict())
     return summary

@@ -28,7 +28,7 @@ from .checkpoint import CheckpointError, TrainState, capture_rng, checkpoint_dir
     load_checkpoint, restore_rng, save_checkpoint, verify_checkpoint, weights_hash
 from .config import TrainConfig
 from .data import DatasetSource, SyntheticSource, TableSource, teacher_weights
-from .devices import wrap_ddp
+from .devices import peak_memory_mb, wrap_ddp
 from .models import build_model
 from .storage import resolve_storage
 
@@ -40,6 +40,7 @@ class NonFiniteLossError(RuntimeError):
 def train_loop_per_worker(loop_config: dict) -> None:
     """``loop_config``: {"config": TrainConfig as a dict, "resume_from": the checkpoint
     folder the driver checked, or None}."""
+    started_at = time.time()  # reported once: where the start-up seconds went
     cfg = TrainConfig.from_dict(loop_config["config"])
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
@@ -64,7 +65,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     ddp_model = wrap_ddp(model, devices)
     parts = TrainParts(model, ddp_model, torch.compile(ddp_model) if cfg.compile else ddp_model,
                        optimizer, scheduler, scaler)
-    _WorkerRun(cfg, rank, world_size, devices, parts, state, loaded_hash).train()
+    _WorkerRun(cfg, rank, world_size, devices, parts, state, loaded_hash, started_at).train()
 
 
 @dataclass
@@ -210,17 +211,21 @@ class _Window:
 class _WorkerRun:
     """One worker's training run: epochs of steps, reports, and rank 0's checkpoints."""
 
-    def __init__(self, cfg, rank, world_size, devices, parts: TrainParts, state, loaded_hash):
+    def __init__(self, cfg, rank, world_size, devices, parts: TrainParts, state, loaded_hash,
+                 started_at: float):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.node_rank = ray.train.get_context().get_node_rank()
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.loaded_hash = loaded_hash  # reported once, with the first report
+        # extra columns of this run's first report only; None once it is sent
+        self.first_report: Optional[dict] = {"loaded_hash": loaded_hash, "started_at": started_at}
         self.parts, self.state = parts, state
         self.model, self.optimizer = parts.model, parts.optimizer
         self.in_device, self.out_device = devices[0], devices[-1]
         self.source = build_source(cfg, rank, world_size, devices[0])
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
         self.window = self._new_window()
+        self.unsent: list[dict] = []  # closed windows not yet sent to Ray
+        self.last_sent = time.perf_counter()
 
     def train(self) -> None:
         for epoch in range(self.state.epoch, self.cfg.epochs):
@@ -231,12 +236,16 @@ class _WorkerRun:
         first = self.state.step - epoch * cfg.steps_per_epoch  # >0 only on mid-epoch resume
         for i in range(first, cfg.steps_per_epoch):
             self._run_step(epoch, i)
+            if self.first_report is not None and "first_step_at" not in self.first_report:
+                if self.in_device.type == "cuda":
+                    torch.cuda.synchronize(self.in_device)  # once: the step really ended
+                self.first_report["first_step_at"] = time.time()
             last_of_epoch = i == cfg.steps_per_epoch - 1
             if last_of_epoch:
                 self.state.epoch = epoch + 1
-                self._report(epoch, save=should_save(cfg, epoch + 1), epoch_end=True)
+                self._close_window(epoch, save=should_save(cfg, epoch + 1), epoch_end=True)
             elif (i + 1) % cfg.report_every == 0:
-                self._report(epoch, save=False, epoch_end=False)
+                self._close_window(epoch, save=False, epoch_end=False)
 
     def _run_step(self, epoch: int, i: int) -> None:
         """One optimizer step over ``grad_accum`` micro-batches of this rank's rows."""
@@ -269,10 +278,18 @@ class _WorkerRun:
         self.state.step += 1
         w.steps += 1
 
-    def _report(self, epoch: int, save: bool, epoch_end: bool) -> None:
-        cfg, w = self.cfg, self.window
-        loss = (w.loss_sum / w.steps).item()  # one device sync per report, not per step
-        elapsed = time.perf_counter() - w.started
+    def _close_window(self, epoch: int, save: bool, epoch_end: bool) -> None:
+        """End this rank's metrics window (one metrics.parquet row) and send the rows
+        not yet sent to Ray when a checkpoint is due, or when ``report_interval`` has
+        passed: Ray Train V2's controller takes one report per worker each time it
+        polls (every 2 s by default) and a report made sooner blocks training until
+        then, so sending every window would stall a fast loop."""
+        w = self.window
+        loss = (w.loss_sum / w.steps).item()  # one device sync per window, not per step
+        # windows run from close to close, so the cost of sending (a barrier, a
+        # checkpoint) shows in the throughput of the window after it
+        now = time.perf_counter()
+        elapsed = now - w.started
         samples = w.samples
         metrics = {
             "epoch": epoch + 1,
@@ -288,6 +305,7 @@ class _WorkerRun:
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "time": time.time(),
             "lr": self.optimizer.param_groups[0]["lr"],
+            **peak_memory_mb(self.in_device),
         }
         if not math.isfinite(loss):
             raise NonFiniteLossError(
@@ -296,32 +314,58 @@ class _WorkerRun:
             )
         if epoch_end:
             metrics["weights_hash"] = weights_hash(self.model)
-        if self.loaded_hash is not None:
-            metrics["loaded_hash"], self.loaded_hash = self.loaded_hash, None
+        if self.first_report is not None:
+            metrics.update((k, v) for k, v in self.first_report.items() if v is not None)
+            self.first_report = None
+        self.unsent.append(metrics)
         if save:
-            self._report_with_checkpoint(metrics)
-        else:
-            ray.train.report(metrics, checkpoint=None)
-        self.window = self._new_window()
+            self._send_with_checkpoint()
+        elif self._send_due():
+            self._send()
+        self.window = self._new_window(started=now)
 
-    def _report_with_checkpoint(self, metrics: dict) -> None:
-        """Rank 0 writes the checkpoint; every rank reports; Ray uploads rank 0's folder."""
+    def _send_due(self) -> bool:
+        """Whether ``report_interval`` has passed, on rank 0's clock: every rank must take
+        the same decision (a report is a barrier), so rank 0's is broadcast."""
+        if self.cfg.report_interval <= 0:
+            return True
+        due = time.perf_counter() - self.last_sent >= self.cfg.report_interval
+        flag = torch.tensor([int(due)], device=self.in_device if dist.get_backend() == "nccl" else "cpu")
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _payload(self) -> dict:
+        """The newest row at the top (Ray keeps it with a checkpoint), older unsent rows
+        under ``earlier``; MetricsCallback unpacks them in order."""
+        *earlier, latest = self.unsent
+        self.unsent, self.last_sent = [], time.perf_counter()
+        return {**latest, "earlier": earlier} if earlier else latest
+
+    def _send(self) -> None:
+        ray.train.report(self._payload(), checkpoint=None)
+
+    def _send_with_checkpoint(self) -> None:
+        """Rank 0 writes the checkpoint; every rank reports. Ray uploads rank 0's folder
+        to run storage in a background thread (ASYNC) and deletes the local copy after,
+        so training goes on while it copies; rank 0's next report waits for the upload,
+        which keeps checkpoints in order and the newest one whole before it counts."""
         rng = [None] * self.world_size
         dist.all_gather_object(rng, capture_rng())  # every rank's RNG goes into the file
         self.state.rng = rng
         name = checkpoint_dir_name(self.state.step)
         if self.rank != 0:
-            ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
+            ray.train.report(self._payload(), checkpoint=None, checkpoint_dir_name=name)
             return
-        with tempfile.TemporaryDirectory(prefix="ray_ddp_ckpt_") as directory:
-            save_checkpoint(directory, self.model, self.optimizer, self.state, self.cfg.to_dict(),
-                            self.rank, self.parts.stateful())
-            ray.train.report(
-                metrics,
-                checkpoint=ray.train.Checkpoint.from_directory(directory),
-                checkpoint_dir_name=name,
-            )
+        directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")  # Ray removes it after the upload
+        save_checkpoint(directory, self.model, self.optimizer, self.state, self.cfg.to_dict(),
+                        self.rank, self.parts.stateful())
+        ray.train.report(
+            self._payload(),
+            checkpoint=ray.train.Checkpoint.from_directory(directory),
+            checkpoint_dir_name=name,
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+        )
 
-    def _new_window(self) -> _Window:
-        return _Window(loss_sum=torch.zeros((), device=self.out_device),
-                       busy=_BusyClock(self.in_device), started=time.perf_counter())
+    def _new_window(self, started: Optional[float] = None) -> _Window:
+        return _Window(loss_sum=torch.zeros((), device=self.out_device), busy=_BusyClock(self.in_device),
+                       started=time.perf_counter() if started is None else started)

@@ -24,13 +24,16 @@ from .storage import METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, w
 
 # The columns every row has, in order; the issue names the first eight.
 COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time", "busy_s",
-           "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash")
+           "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash", "max_rss_mb",
+           "gpu_max_mb", "started_at", "first_step_at")
 SCHEMA = pa.schema([
     ("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("loss", pa.float64()),
     ("samples", pa.int64()), ("step_time_s", pa.float64()), ("samples_per_s", pa.float64()),
     ("time", pa.float64()), ("busy_s", pa.float64()), ("world_size", pa.int64()), ("node_rank", pa.int64()),
     ("node_id", pa.string()), ("lr", pa.float64()),
     ("weights_hash", pa.int64()), ("loaded_hash", pa.int64()),
+    ("max_rss_mb", pa.float64()), ("gpu_max_mb", pa.float64()),
+    ("started_at", pa.float64()), ("first_step_at", pa.float64()),
 ])
 
 
@@ -84,21 +87,26 @@ class MetricsCallback(UserCallback):
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         store = resolve_storage(self.storage)
         run_path = store.run_path(self.name)
-        step = int(metrics[0]["step"])
+        windows = unpack_windows(metrics)
         if self._rows is None:
             self._rows = _load_rows(store.fs, f"{run_path}/{METRICS_FILE}")
-        # Reports fall on fixed steps, so a restarted worker group (or a resumed run)
+        # Windows end on fixed steps, so a restarted worker group (or a resumed run)
         # re-reports the very steps it redoes: drop the earlier attempt's rows.
-        self._rows = [r for r in self._rows if r["step"] < step]
-        self._rows += [{c: m.get(c) for c in COLUMNS} for m in metrics]
+        first_step = int(windows[0][0]["step"])
+        self._rows = [r for r in self._rows if r["step"] < first_step]
+        straggler = None
+        for window in windows:
+            self._rows += [{c: m.get(c) for c in COLUMNS} for m in window]
+            straggler = self._stragglers.update(window)
         progress = summarize_report(
-            metrics, self.epochs, self.total_steps,
+            windows[-1], self.epochs, self.total_steps,
             checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
         )
-        progress["straggler"] = self._stragglers.update(metrics)
+        progress["straggler"] = straggler
         write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", progress)
         if self.tensorboard:
-            self._write_tensorboard(store.path_on_disk(self.name), metrics)
+            for window in windows:
+                self._write_tensorboard(store.path_on_disk(self.name), window)
         if checkpoint is not None:
             write_table(store.fs, f"{run_path}/{METRICS_FILE}",
                         pa.Table.from_pylist(self._rows, schema=SCHEMA))
@@ -109,6 +117,14 @@ class MetricsCallback(UserCallback):
 
             self._tb = SummaryWriter(logdir=f"{run_dir}/tensorboard")
         _write_tensorboard_rows(self._tb, metrics)
+
+
+def unpack_windows(metrics: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """One report of every rank -> the windows it carries, oldest first, each a list of
+    every rank's row. A rank sends its newest row at the top level and the older ones it
+    had not sent yet under ``earlier``; all ranks send the same windows."""
+    per_rank = [[*m.get("earlier", []), {k: v for k, v in m.items() if k != "earlier"}] for m in metrics]
+    return [list(window) for window in zip(*per_rank)]
 
 
 def _write_tensorboard_rows(writer, metrics: list[dict[str, Any]]) -> None:

@@ -4,7 +4,8 @@ import pyarrow as pa
 import torch
 
 from ray_ddp.data import micro_batch_start, synthetic_rows, teacher_weights
-from ray_ddp.metrics import SCHEMA, summarize_metrics
+from ray_ddp.driver import describe_startup
+from ray_ddp.metrics import SCHEMA, summarize_metrics, unpack_windows
 
 
 def test_rows_repeat_exactly_and_differ_across_steps_and_epochs():
@@ -43,3 +44,29 @@ def test_summary_uses_slowest_rank_and_skips_warmup():
     s = summarize_metrics(pa.Table.from_pylist(rows, schema=SCHEMA))
     assert s["final_loss"] == 30.5
     assert s["samples_per_s"] == 400 / 4.0  # (2 ranks x 100) x 2 reports / (2 s + 2 s)
+
+
+def test_batched_reports_unpack_into_every_window_in_order():
+    # each rank sends its newest window at the top and the unsent older ones under "earlier"
+    def sent(rank):
+        rows = [dict(step=s, rank=rank) for s in (10, 20, 30)]
+        return {**rows[-1], "earlier": rows[:-1]}
+
+    windows = unpack_windows([sent(0), sent(1)])
+    assert [[(r["step"], r["rank"]) for r in w] for w in windows] == \
+        [[(10, 0), (10, 1)], [(20, 0), (20, 1)], [(30, 0), (30, 1)]]
+    assert all("earlier" not in r for w in windows for r in w)
+    assert unpack_windows([dict(step=5, rank=0)]) == [[dict(step=5, rank=0)]]
+
+
+def test_startup_slices_add_up_to_the_first_step_of_this_runs_rank_0():
+    marks = dict(process=100.0, run=102.0, attach=102.5, ray=105.0, fit=105.5)
+    rows = [dict(rank=0, started_at=50.0, first_step_at=52.0),   # an older run of this name
+            dict(rank=1, started_at=110.0, first_step_at=112.5),
+            dict(rank=0, started_at=111.0, first_step_at=113.0),
+            dict(rank=0, started_at=None, first_step_at=None)]
+    table = pa.Table.from_pylist(rows)
+    out = describe_startup(marks, table)
+    assert out == {"python": 2.0, "checks": 0.5, "ray": 2.5, "placement": 0.5, "trainer": 5.5,
+                   "first_step": 2.0, "total": 13.0}
+    assert describe_startup(marks, pa.Table.from_pylist(rows[:1])) is None

@@ -1,0 +1,229 @@
+"""ray-ddp against torchrun and plain Ray Train: one workload, one machine, one run.
+
+Runs on the machine it measures (the driver of each arm is a subprocess of this script):
+  torchrun   torchrun --standalone over benchmarks/workload.py (the baseline)
+  ray-train  benchmarks/plain_ray_train.py: TorchTrainer + prepare_model, a report each
+             "epoch" of --plain-report-every steps, as Ray's documentation shows
+  ray-ddp    `python -m ray_ddp train --model mlp ...` with the same sizes
+Each arm trains the same MLP with the same batch per worker for --warmup + --steps
+steps; rounds repeat the arms in rotated order and the table takes each figure's median.
+
+  steady samples/s   all workers' samples over the timed steps / rank 0's wall time for
+                     them (from the end of step --warmup to the end of the last step)
+  first step s       from launching the arm's command to the end of rank 0's first step
+  wall s             the arm's whole command, start to exit
+  peak MiB/worker    the largest worker process's peak RSS (and GPU peak, on GPUs)
+
+    python benchmarks/throughput.py                       # the README's table
+    python benchmarks/throughput.py --workers 1,2         # scaling, 1 vs 2 workers
+    python benchmarks/throughput.py --json results.json   # also keep the raw figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from workload import add_workload_args  # noqa: E402
+
+ARMS = ("torchrun", "ray-train", "ray-ddp")
+
+
+def sizes(args) -> list[str]:
+    return ["--width", str(args.width), "--depth", str(args.depth), "--input-dim", str(args.input_dim),
+            "--output-dim", str(args.output_dim), "--batch-size", str(args.batch_size)]
+
+
+def arm_command(arm: str, args, workers: int, out: str) -> list[str]:
+    py = sys.executable
+    common = sizes(args) + ["--lr", str(args.lr), "--seed", str(args.seed)]
+    timed = ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    if arm == "torchrun":
+        return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
+                os.path.join(HERE, "workload.py"), *common, *timed, "--out", out]
+    if arm == "ray-train":
+        return [py, os.path.join(HERE, "plain_ray_train.py"), *common, *timed, "--out", out,
+                "--workers", str(workers), "--gpus-per-worker", str(args.gpus_per_worker),
+                "--report-every", str(args.plain_report_every), "--storage", os.path.join(out, "storage")]
+    if arm == "ray-ddp":
+        return [py, "-m", "ray_ddp", "train", "--model", "mlp", *common, "--optimizer", "sgd",
+                "--epochs", "1", "--steps-per-epoch", str(args.warmup + args.steps),
+                "--report-every", str(args.report_every), "--workers", str(workers),
+                "--gpus-per-worker", str(args.gpus_per_worker), "--storage", out, "--name", "run",
+                "--quiet", "--json"]
+    raise ValueError(arm)
+
+
+def read_worker_results(arm: str, out: str, args) -> list[dict]:
+    """Every rank's timings: the JSON files the baselines write, or ray-ddp's own
+    metrics table (the report at step --warmup starts the clock)."""
+    if arm != "ray-ddp":
+        return [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))
+                if f.startswith("rank_")]
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(os.path.join(out, "run", "metrics.parquet")).to_pylist()
+    results = []
+    for rank in sorted({r["rank"] for r in rows}):
+        mine = sorted((r for r in rows if r["rank"] == rank), key=lambda r: r["step"])
+        at = {r["step"]: r["time"] for r in mine}
+        results.append({
+            "rank": rank, "world_size": mine[0]["world_size"], "steps": args.steps,
+            "batch_size": args.batch_size, "first_step_at": mine[0]["first_step_at"],
+            "warm_at": at[args.warmup], "end_at": at[args.warmup + args.steps],
+            "max_rss_mb": max(r["max_rss_mb"] for r in mine),
+            "gpu_max_mb": max((r["gpu_max_mb"] or 0) for r in mine) or None,
+        })
+    return results
+
+
+def run_arm(arm: str, args, workers: int) -> dict:
+    out = tempfile.mkdtemp(prefix=f"bench_{arm}_")
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray on loopback, as ray-ddp's
+    launched = time.time()
+    proc = subprocess.run(arm_command(arm, args, workers, out), env=env, capture_output=True, text=True)
+    wall = time.time() - launched
+    if proc.returncode != 0:
+        shutil.rmtree(out, ignore_errors=True)
+        raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    ranks = read_worker_results(arm, out, args)
+    summary = json.loads(proc.stdout.strip().splitlines()[-1]) if arm == "ray-ddp" else None
+    shutil.rmtree(out, ignore_errors=True)
+    rank0 = min(ranks, key=lambda r: r["rank"])
+    gpu = [r.get("gpu_max_mb") for r in ranks if r.get("gpu_max_mb")]
+    return {
+        "arm": arm, "workers": workers,
+        "samples_per_s": workers * args.batch_size * args.steps / (rank0["end_at"] - rank0["warm_at"]),
+        "first_step_s": rank0["first_step_at"] - launched,
+        "wall_s": wall,
+        "peak_rss_mb": max(r["max_rss_mb"] for r in ranks),
+        "peak_gpu_mb": max(gpu) if gpu else None,
+        "startup_s": summary.get("startup_s") if summary else None,
+    }
+
+
+def median_by_arm(results: list[dict]) -> dict[tuple, dict]:
+    grouped: dict[tuple, list[dict]] = {}
+    for r in results:
+        grouped.setdefault((r["workers"], r["arm"]), []).append(r)
+    table = {}
+    for key, runs in grouped.items():
+        row = {"arm": key[1], "workers": key[0], "rounds": len(runs)}
+        for field in ("samples_per_s", "first_step_s", "wall_s", "peak_rss_mb", "peak_gpu_mb"):
+            values = [r[field] for r in runs if r[field] is not None]
+            row[field] = statistics.median(values) if values else None
+        row["samples_per_s_all"] = [round(r["samples_per_s"], 1) for r in runs]
+        table[key] = row
+    return table
+
+
+def render_table(table: dict[tuple, dict]) -> str:
+    lines = ["| workers | arm | steady samples/s | x torchrun | first step s | x torchrun | wall s "
+             "| x torchrun | peak MiB/worker | x torchrun |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (workers, arm), row in sorted(table.items(), key=lambda kv: (kv[0][0], ARMS.index(kv[0][1]))):
+        base = table.get((workers, "torchrun"))
+
+        def ratio(field: str) -> str:
+            if base is None or not base[field] or row[field] is None:
+                return ""
+            return f"{row[field] / base[field]:.3f}"
+
+        mem = f"{row['peak_rss_mb']:.0f}" + (f" (GPU {row['peak_gpu_mb']:.0f})" if row["peak_gpu_mb"] else "")
+        lines.append(f"| {workers} | {arm} | {row['samples_per_s']:.0f} | {ratio('samples_per_s')} "
+                     f"| {row['first_step_s']:.1f} | {ratio('first_step_s')} | {row['wall_s']:.1f} "
+                     f"| {ratio('wall_s')} | {mem} | {ratio('peak_rss_mb')} |")
+    return "\n".join(lines)
+
+
+def render_scaling(table: dict[tuple, dict]) -> Optional[str]:
+    counts = sorted({w for w, _ in table})
+    if len(counts) < 2:
+        return None
+    lo, hi = counts[0], counts[-1]
+    lines = [f"scaling efficiency, {lo} -> {hi} workers (samples/s ratio / {hi // lo}):"]
+    for arm in ARMS:
+        if (lo, arm) in table and (hi, arm) in table:
+            eff = table[(hi, arm)]["samples_per_s"] / table[(lo, arm)]["samples_per_s"] / (hi / lo)
+            lines.append(f"  {arm}: {eff:.2f}")
+    return "\n".join(lines)
+
+
+def describe_machine(args) -> str:
+    import platform
+
+    import torch
+
+    where = "CPU, gloo"
+    if args.gpus_per_worker:
+        where = f"{torch.cuda.get_device_name(0)}, nccl"
+    return (f"{platform.node() or 'this machine'}: {os.cpu_count()} CPUs, {where}; python "
+            f"{platform.python_version()}, torch {torch.__version__}; MLP {args.input_dim}-"
+            f"{'x'.join([str(args.width)] * args.depth)}-{args.output_dim}, batch {args.batch_size}/worker, "
+            f"{args.warmup} warm-up + {args.steps} timed steps, ray-ddp --report-every {args.report_every}, "
+            f"plain Ray Train reports every {args.plain_report_every} steps")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(parser)
+    parser.add_argument("--workers", default="2", help="worker counts to measure, e.g. 1,2")
+    parser.add_argument("--gpus-per-worker", type=int, default=None,
+                        help="default: 1 if CUDA is available, else 0 (CPU, gloo)")
+    parser.add_argument("--arms", default=",".join(ARMS), help="which of torchrun,ray-train,ray-ddp")
+    parser.add_argument("--rounds", type=int, default=3, help="repeats of every arm; medians are shown")
+    parser.add_argument("--report-every", type=int, default=10, help="ray-ddp's --report-every")
+    parser.add_argument("--plain-report-every", type=int, default=50,
+                        help="steps per ray.train.report in the plain Ray Train arm (its 'epoch')")
+    parser.add_argument("--json", help="write every round's raw figures here")
+    args = parser.parse_args()
+    if args.gpus_per_worker is None:
+        import torch
+
+        args.gpus_per_worker = 1 if torch.cuda.is_available() else 0
+    if args.warmup % args.report_every or args.steps % args.report_every:
+        raise SystemExit("--warmup and --steps must be multiples of --report-every "
+                         "(ray-ddp's clock reads the metrics rows)")
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        raise SystemExit(f"unknown arm(s) {', '.join(sorted(unknown))}; choose from {', '.join(ARMS)}")
+    worker_counts = [int(w) for w in args.workers.split(",")]
+
+    results = []
+    for round_no in range(args.rounds):
+        for workers in worker_counts:
+            shift = round_no % len(arms)  # rotate the order: no arm always runs first
+            for arm in arms[shift:] + arms[:shift]:
+                r = run_arm(arm, args, workers)
+                results.append(r)
+                print(f"round {round_no + 1}/{args.rounds} workers {workers} {arm}: "
+                      f"{r['samples_per_s']:.0f} samples/s, first step {r['first_step_s']:.1f} s, "
+                      f"wall {r['wall_s']:.1f} s" + (f", startup {r['startup_s']}" if r["startup_s"] else ""),
+                      flush=True)
+    table = median_by_arm(results)
+    print()
+    print(describe_machine(args))
+    print(render_table(table))
+    scaling = render_scaling(table)
+    if scaling:
+        print(scaling)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": describe_machine(args), "args": vars(args), "rounds": results,
+                       "median": list(table.values())}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
