@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -25,9 +27,10 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoint import CheckpointError, TrainState, capture_rng, checkpoint_dir_name, \
-    load_checkpoint, restore_rng, save_checkpoint, verify_checkpoint, weights_hash
+    load_checkpoint, restore_rng, snapshot_checkpoint, verify_checkpoint, weights_hash, \
+    write_checkpoint
 from .config import TrainConfig
-from .data import DatasetSource, SyntheticSource, TableSource, teacher_weights
+from .data import DatasetSource, StreamSource, SyntheticSource, TableSource, teacher_weights
 from .devices import peak_memory_mb, wrap_ddp
 from .models import build_model
 from .storage import resolve_storage
@@ -118,16 +121,21 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer
 
 
 def build_source(cfg: TrainConfig, rank: int, world_size: int, device: torch.device):
-    """Where this rank's rows come from: synthetic, a parquet table, or a user Dataset."""
+    """Where this rank's rows come from: synthetic, a parquet table (in memory, or streamed
+    row group by row group), or a user Dataset."""
     if cfg.dataset is not None:
         from .datasets import load_user_dataset
 
         return DatasetSource(load_user_dataset(cfg.dataset), cfg.seed, rank, world_size,
                              cfg.batch_size, cfg.grad_accum)
     if cfg.data != "synthetic":
-        from .datasets import inspect_table, load_table
+        from .datasets import inspect_table, list_row_groups, load_table, row_group_reader
 
-        x, y = load_table(inspect_table(cfg.data, cfg.features, cfg.target))
+        table = inspect_table(cfg.data, cfg.features, cfg.target)
+        if cfg.stream:
+            return StreamSource(list_row_groups(table), row_group_reader(table), cfg.seed, rank,
+                                world_size, cfg.batch_size, cfg.grad_accum)
+        x, y = load_table(table)
         return TableSource(x, y, cfg.seed, rank, world_size, cfg.batch_size, cfg.grad_accum)
     teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(device)
     return SyntheticSource(teacher, cfg.seed, rank, world_size, cfg.batch_size, cfg.grad_accum)
@@ -151,6 +159,15 @@ def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer):
 def should_save(cfg: TrainConfig, epoch_done: int) -> bool:
     """Checkpoint every ``checkpoint_every`` epochs, and always after the last one."""
     return epoch_done % cfg.checkpoint_every == 0 or epoch_done == cfg.epochs
+
+
+def _lower_thread_priority() -> None:
+    """Raise this thread's nice value (Linux sets it per thread); anywhere else, or if
+    refused, leave it as it is."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
 
 
 def _worker_devices(cfg: TrainConfig) -> list[torch.device]:
@@ -226,6 +243,10 @@ class _WorkerRun:
         self.window = self._new_window()
         self.unsent: list[dict] = []  # closed windows not yet sent to Ray
         self.last_sent = time.perf_counter()
+        # rank 0's checkpoint writer: set while no write is in flight; its host copy is reused
+        self.written = threading.Event()
+        self.written.set()
+        self.snapshot = None
 
     def train(self) -> None:
         for epoch in range(self.state.epoch, self.cfg.epochs):
@@ -329,7 +350,9 @@ class _WorkerRun:
         the same decision (a report is a barrier), so rank 0's is broadcast."""
         if self.cfg.report_interval <= 0:
             return True
-        due = time.perf_counter() - self.last_sent >= self.cfg.report_interval
+        # a send waits behind a checkpoint still being written (Ray keeps reports in
+        # order), so none is due until the write is done
+        due = time.perf_counter() - self.last_sent >= self.cfg.report_interval and self.written.is_set()
         flag = torch.tensor([int(due)], device=self.in_device if dist.get_backend() == "nccl" else "cpu")
         dist.broadcast(flag, src=0)
         return bool(flag.item())
@@ -345,10 +368,12 @@ class _WorkerRun:
         ray.train.report(self._payload(), checkpoint=None)
 
     def _send_with_checkpoint(self) -> None:
-        """Rank 0 writes the checkpoint; every rank reports. Ray uploads rank 0's folder
-        to run storage in a background thread (ASYNC) and deletes the local copy after,
-        so training goes on while it copies; rank 0's next report waits for the upload,
-        which keeps checkpoints in order and the newest one whole before it counts."""
+        """Rank 0 saves a checkpoint; every rank reports. Training waits only for a copy
+        of the state in host memory (into the previous copy's memory, once that is
+        written): Ray's upload thread (ASYNC) then writes the files straight into run
+        storage, at low CPU priority, while training goes on. Ray needs a local folder to
+        hand that thread (an empty one here, which it deletes). Ray keeps reports in
+        order, so checkpoints land in order and each is whole before it counts."""
         rng = [None] * self.world_size
         dist.all_gather_object(rng, capture_rng())  # every rank's RNG goes into the file
         self.state.rng = rng
@@ -356,14 +381,28 @@ class _WorkerRun:
         if self.rank != 0:
             ray.train.report(self._payload(), checkpoint=None, checkpoint_dir_name=name)
             return
-        directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")  # Ray removes it after the upload
-        save_checkpoint(directory, self.model, self.optimizer, self.state, self.cfg.to_dict(),
-                        self.rank, self.parts.stateful())
+        self.written.wait()  # the only wait: the previous checkpoint still being written
+        self.written.clear()
+        snapshot = self.snapshot = snapshot_checkpoint(
+            self.model, self.optimizer, self.state, self.cfg.to_dict(), self.rank,
+            self.parts.stateful(), reuse=self.snapshot)
+        storage = ray.train.get_context().get_storage()
+
+        def write_to_storage(_local: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
+            try:
+                _lower_thread_priority()  # the training thread comes first for the CPU
+                path = storage.build_checkpoint_path_from_name(dir_name)
+                write_checkpoint(path, snapshot, storage.storage_filesystem)
+                return ray.train.Checkpoint(path, storage.storage_filesystem)
+            finally:
+                self.written.set()
+
         ray.train.report(
             self._payload(),
-            checkpoint=ray.train.Checkpoint.from_directory(directory),
+            checkpoint=ray.train.Checkpoint.from_directory(tempfile.mkdtemp(prefix="ray_ddp_ckpt_")),
             checkpoint_dir_name=name,
             checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            checkpoint_upload_fn=write_to_storage,
         )
 
     def _new_window(self, started: Optional[float] = None) -> _Window:

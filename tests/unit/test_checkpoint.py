@@ -10,7 +10,8 @@ import torch
 
 from ray_ddp.checkpoint import (MODEL_FILE, STATE_FILE, CheckpointError, TrainState, capture_rng,
                                 find_latest_checkpoint, load_checkpoint, save_checkpoint,
-                                verify_checkpoint, weights_hash)
+                                snapshot_checkpoint, verify_checkpoint, weights_hash,
+                                write_checkpoint)
 from ray_ddp.config import TrainConfig
 from ray_ddp.models import ToyModel
 from ray_ddp.storage import resolve_storage
@@ -40,6 +41,29 @@ def test_round_trip_restores_weights_optimizer_and_position(tmp_path):
     bufs = [fresh_opt.state[p]["momentum_buffer"] for p in fresh.parameters()]
     want = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(bufs, want))
+
+
+def test_a_snapshot_is_a_copy_that_the_next_one_reuses(tmp_path):
+    # training goes on while a snapshot is written: it must not share memory with the
+    # model, and the next checkpoint copies into the same memory instead of allocating
+    model, opt = trained_toy()
+    first = snapshot_checkpoint(model, opt, TrainState(1, 10, []), {}, rank=0)
+    before = model.net1.weight.detach().clone()
+    with torch.no_grad():
+        model.net1.weight.add_(1.0)
+    assert torch.equal(first.model["net1.weight"], before)
+    memory = first.model["net1.weight"].data_ptr()
+    momentum = first.train_state["optimizer"]["state"][0]["momentum_buffer"].data_ptr()
+
+    second = snapshot_checkpoint(model, opt, TrainState(2, 20, []), {}, rank=0, reuse=first)
+    assert second.model["net1.weight"].data_ptr() == memory
+    assert second.train_state["optimizer"]["state"][0]["momentum_buffer"].data_ptr() == momentum
+    assert torch.equal(second.model["net1.weight"], model.net1.weight)
+
+    write_checkpoint(str(tmp_path / "step-00000020"), second)
+    assert verify_checkpoint(str(tmp_path / "step-00000020")) is None
+    loaded = torch.load(tmp_path / "step-00000020" / MODEL_FILE, weights_only=True)
+    assert torch.equal(loaded["net1.weight"], model.net1.weight)
 
 
 def test_model_pt_loads_without_ray_ddp(tmp_path):
