@@ -5,6 +5,7 @@ Runs on the machine it measures; each arm is a `python -m ray_ddp train` subproc
 the synthetic task's shape; the arms then train the same MLP with the same batch:
   synthetic  rows generated on the worker each step (the default --data synthetic)
   parquet    --data <the set>: every rank reads the table, then indexes it each step
+  stream     --data <the set> --stream: every rank reads its part row group by row group
 Steady samples/s is all workers' samples from the end of epoch 1 to the end of the last
 epoch over rank 0's wall time for them (its metrics rows), so reading the files (before
 the first step) is not in it; the arms' wall times are shown too.
@@ -25,14 +26,14 @@ import tempfile
 import time
 
 
-def train_command(args, storage: str, data: str | None) -> list[str]:
+def train_command(args, storage: str, data: str | None, stream: bool = False) -> list[str]:
     steps = -(-args.rows // (2 * args.batch_size))  # one pass over the rows, 2 workers
     cmd = [sys.executable, "-m", "ray_ddp", "train", "--model", "mlp", "--width", str(args.width),
            "--depth", str(args.depth), "--batch-size", str(args.batch_size), "--optimizer", "sgd",
            "--epochs", str(args.epochs), "--workers", "2", "--report-every", str(steps),
            "--storage", storage, "--name", "run", "--quiet", "--json"]
-    if data is not None:
-        return cmd + ["--data", data]  # the data sets the dims and the steps per epoch
+    if data is not None:  # the data sets the dims and the steps per epoch
+        return cmd + ["--data", data] + (["--stream"] if stream else [])
     return cmd + ["--input-dim", str(args.features), "--output-dim", str(args.targets),
                   "--steps-per-epoch", str(steps)]
 
@@ -42,7 +43,8 @@ def run_arm(name: str, args, data: str | None) -> dict:
 
     storage = tempfile.mkdtemp(prefix="bench_data_")
     started = time.time()
-    proc = subprocess.run(train_command(args, storage, data), capture_output=True, text=True)
+    proc = subprocess.run(train_command(args, storage, data, stream=name == "stream"),
+                          capture_output=True, text=True)
     wall = time.time() - started
     if proc.returncode != 0:
         shutil.rmtree(storage, ignore_errors=True)
@@ -64,6 +66,7 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--targets", type=int, default=16)
     parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--row-group-rows", type=int, default=4096)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -73,12 +76,14 @@ def main() -> None:
     data = os.path.join(tempfile.mkdtemp(prefix="bench_parquet_"), "set")
     subprocess.run([sys.executable, "-m", "ray_ddp", "data", "synth", "--rows", str(args.rows),
                     "--features", str(args.features), "--targets", str(args.targets), "--files",
-                    str(args.files), "--out", data], check=True, capture_output=True)
-    arms = {"synthetic": None, "parquet": data}
+                    str(args.files), "--row-group-rows", str(args.row_group_rows), "--out", data],
+                   check=True, capture_output=True)
+    arms = {"synthetic": None, "parquet": data, "stream": data}
     results = []
     try:
         for round_no in range(args.rounds):
-            order = list(arms) if round_no % 2 == 0 else list(reversed(arms))
+            shift = round_no % len(arms)  # rotate the order: no arm always runs first
+            order = list(arms)[shift:] + list(arms)[:shift]
             for name in order:
                 r = run_arm(name, args, arms[name])
                 results.append(r)

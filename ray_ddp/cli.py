@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a folder (or a .parquet file with --files 1); local path or URI")
     synth.add_argument("--files", type=int, default=1, help="parquet files to split into (default: 1)")
     synth.add_argument("--seed", type=int, default=0, help="seed of the teacher and rows (default: 0)")
+    synth.add_argument("--row-group-rows", type=int, default=8192,
+                       help="rows per parquet row group, the unit --stream reads (default: 8192)")
 
     runs = sub.add_parser("runs", help="list the runs under a storage folder")
     runs.add_argument("--storage", default=TrainConfig.storage,
@@ -160,7 +162,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _data_synth(args: argparse.Namespace) -> int:
     from .datasets import write_synthetic
 
-    paths = write_synthetic(args.out, args.rows, args.features, args.targets, args.files, args.seed)
+    paths = write_synthetic(args.out, args.rows, args.features, args.targets, args.files, args.seed,
+                            args.row_group_rows)
     print(f"wrote {args.rows} rows ({args.features} features, {args.targets} targets) "
           f"to {len(paths)} parquet file(s) under {args.out}")
     return 0

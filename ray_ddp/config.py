@@ -43,12 +43,16 @@ class TrainConfig:
         default="toy",
     )
     data: str = _opt("training data: synthetic, or a parquet file / folder of parquet files "
-                     "(local path or URI), loaded into each worker's memory", default="synthetic")
+                     "(local path or URI), loaded into each worker's memory (or read in pieces: --stream)",
+                     default="synthetic")
     features: Optional[str] = _opt("input columns of --data, COL[,COL...] (or one fixed-size list "
                                    "column); default: f0, f1, ... as `ray-ddp data synth` writes",
                                    default=None)
     target: Optional[str] = _opt("target columns of --data, COL[,COL...]; default: t0, t1, ...",
                                  default=None)
+    stream: bool = _opt("read --data one row group at a time instead of loading it into each "
+                        "worker's memory (for data larger than memory): row groups in a seeded "
+                        "order, rows shuffled within them, a contiguous part per rank", default=False)
     dataset: Optional[str] = _opt("a user's map-style torch Dataset of (input, target) pairs: "
                                   "package.module:callable; sharded with DistributedSampler",
                                   default=None)
@@ -205,6 +209,8 @@ class TrainConfig:
             )
         if self.dataset is not None and self.data != "synthetic":
             raise ConfigError("give --data or --dataset, not both")
+        if self.stream and self.data == "synthetic":
+            raise ConfigError("--stream reads parquet: give --data PATH (synthetic data is never in memory)")
         if self.dataset is not None and ":" not in self.dataset:
             raise ConfigError(f"--dataset '{self.dataset}' must look like package.module:callable")
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):

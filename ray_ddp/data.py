@@ -14,6 +14,9 @@ no host time; each device type has its own random stream, identical run to run.
 
 from __future__ import annotations
 
+import bisect
+from typing import Callable
+
 import torch
 
 _NOISE = 0.01
@@ -137,6 +140,77 @@ class DatasetSource:
         x, y = default_collate([self.dataset[i] for i in idx])
         # every rank holds the same count (the sampler pads), so its share is its own
         return x.float(), y.float(), float(len(in_step))
+
+
+def part_bounds(rows: int, world: int) -> list[int]:
+    """Streaming: rank r reads rows bounds[r] .. bounds[r+1]-1 of the epoch's order, one
+    contiguous part each (sizes differ by at most one row), so no row is read twice."""
+    return [rows * r // world for r in range(world + 1)]
+
+
+def stream_steps(rows: int, world: int, batch_size: int, grad_accum: int) -> int:
+    """Steps per epoch when streaming: enough for the longest part."""
+    longest = -(-rows // world)
+    return max(1, -(-longest // (batch_size * grad_accum)))
+
+
+class StreamSource:
+    """A parquet data set read one row group at a time, for data larger than memory.
+
+    Each epoch the row groups come in an order fixed by (seed, epoch), their rows
+    shuffled within the group (also fixed); rank r trains on its contiguous part of
+    that stream (``part_bounds``). Every row is seen exactly once per epoch, the order is
+    the same run to run, and any step can be found again (a mid-epoch resume skips
+    whole row groups without reading them). A rank holds one row group in memory.
+    Ranks whose part has run out in the last step train on an empty batch, which adds
+    zero to the gradient, so every rank takes the same number of steps."""
+
+    def __init__(self, groups: list[tuple[str, int, int]],
+                 read_group: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]],
+                 seed: int, rank: int, world: int, batch_size: int, grad_accum: int):
+        self.groups, self.read_group, self.seed = groups, read_group, seed
+        self.rank, self.world, self.batch_size = rank, world, batch_size
+        self.per_step = batch_size * grad_accum
+        self.bounds = part_bounds(sum(rows for _, _, rows in groups), world)
+        self._epoch, self._starts, self._order = -1, [], None
+        self._cached_key, self._cached = None, None
+
+    def micro_batch(self, epoch: int, step: int, micro: int):
+        part = self.bounds[self.rank + 1] - self.bounds[self.rank]
+        offset = step * self.per_step + micro * self.batch_size
+        count = max(0, min(self.batch_size, part - offset))
+        x, y = self._rows(epoch, self.bounds[self.rank] + offset, count)
+        return x, y, self._rows_in_step(step) / self.world
+
+    def _rows_in_step(self, step: int) -> int:
+        return sum(max(0, min(self.per_step, self.bounds[r + 1] - self.bounds[r] - step * self.per_step))
+                   for r in range(self.world))
+
+    def _rows(self, epoch: int, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``start .. start+count-1`` of the epoch's stream."""
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, epoch_order(len(self.groups), self.seed, epoch).tolist()
+            sizes = [self.groups[g][2] for g in self._order]
+            self._starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        xs, ys = [], []
+        while count > 0 or not xs:
+            k = bisect.bisect_right(self._starts, start) - 1
+            gx, gy = self._group(epoch, k)
+            take = gx[start - self._starts[k]:start - self._starts[k] + count]
+            xs.append(take)
+            ys.append(gy[start - self._starts[k]:start - self._starts[k] + count])
+            start, count = start + len(take), count - len(take)
+        return torch.cat(xs), torch.cat(ys)
+
+    def _group(self, epoch: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k-th row group of the epoch's order, its rows shuffled (the last one read is kept)."""
+        index = self._order[k]
+        if self._cached_key != (epoch, index):
+            path, row_group, _ = self.groups[index]
+            x, y = self.read_group(path, row_group)
+            perm = epoch_order(len(x), self.seed * 7919 + index + 1, epoch)
+            self._cached_key, self._cached = (epoch, index), (x[perm], y[perm])
+        return self._cached
 
 
 def steps_for_rows(rows: int, world: int, batch_size: int, grad_accum: int) -> int:

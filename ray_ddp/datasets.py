@@ -2,9 +2,10 @@
 Datasets from ``package.module:callable``; plus ``ray-ddp data synth``.
 
 Runs on the driver (to check a data set before any worker starts: it exists, is parquet,
-has rows, has the columns and they are numbers; one line otherwise) and on each worker
-(to load the table into memory: this is the map-style path, for data that fits in a
-worker's memory). Paths may be local or pyarrow URIs, like ``--storage``.
+has rows, has the columns and they are numbers; one line otherwise) and on each worker:
+either to load the whole table into memory (the map-style path, for data that fits in a
+worker's memory) or, with ``--stream``, to list its row groups and read them one at a
+time. Paths may be local or pyarrow URIs, like ``--storage``.
 """
 
 from __future__ import annotations
@@ -111,6 +112,34 @@ def load_table(table: TableConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return _columns_to_tensor(data, table.features), _columns_to_tensor(data, table.targets)
 
 
+def list_row_groups(table: TableConfig) -> list[tuple[str, int, int]]:
+    """Every row group of the data set as (file, row group, rows), in file order: the
+    units ``--stream`` shuffles and reads (metadata only, no rows are read)."""
+    groups = []
+    for fragment in sorted(_dataset(table.path).get_fragments(), key=lambda f: f.path):
+        for piece in fragment.split_by_row_group():
+            info = piece.row_groups[0]
+            groups.append((fragment.path, info.id, info.num_rows))
+    return [g for g in groups if g[2] > 0]
+
+
+def row_group_reader(table: TableConfig):
+    """read(file, row group) -> (inputs, targets) as float32 tensors, for --stream."""
+    import pyarrow.parquet as pq
+
+    from .storage import resolve_storage
+
+    fs = resolve_storage(table.path).fs
+    columns = list(dict.fromkeys(table.features + table.targets))
+
+    def read(path: str, row_group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with fs.open_input_file(path) as f:
+            data = pq.ParquetFile(f).read_row_group(row_group, columns=columns)
+        return _columns_to_tensor(data, table.features), _columns_to_tensor(data, table.targets)
+
+    return read
+
+
 def load_user_dataset(spec: str):
     """``package.module:callable`` returning a map-style Dataset of (input, target) pairs."""
     from .models import load_callable
@@ -132,14 +161,16 @@ def load_user_dataset(spec: str):
 
 
 def write_synthetic(out: str, rows: int, features: int, targets: int, files: int = 1,
-                    seed: int = 0) -> list[str]:
+                    seed: int = 0, row_group_rows: int = 8192) -> list[str]:
     """A regression set labelled by a fixed random teacher network (a 2-layer MLP), so a
-    model can really learn it. Columns: id, f0..f{F-1}, t0..t{T-1} (float32)."""
+    model can really learn it. Columns: id, f0..f{F-1}, t0..t{T-1} (float32); row groups
+    of ``row_group_rows`` rows (what --stream shuffles and reads one at a time)."""
     import pyarrow.parquet as pq
 
     from .storage import resolve_storage
 
-    for name, value in (("rows", rows), ("features", features), ("targets", targets), ("files", files)):
+    for name, value in (("rows", rows), ("features", features), ("targets", targets), ("files", files),
+                        ("row-group-rows", row_group_rows)):
         if value <= 0:
             raise ConfigError(f"--{name} must be a positive integer, got {value}")
     if files > rows:
@@ -163,6 +194,6 @@ def write_synthetic(out: str, rows: int, features: int, targets: int, files: int
     for k in range(files):
         path = store.path if single else f"{store.path}/part-{k:05d}.parquet"
         with store.fs.open_output_stream(path) as f:
-            pq.write_table(table.slice(bounds[k], bounds[k + 1] - bounds[k]), f)
+            pq.write_table(table.slice(bounds[k], bounds[k + 1] - bounds[k]), f, row_group_size=row_group_rows)
         written.append(path)
     return written

@@ -127,11 +127,13 @@ def _fit_data_to(cfg: TrainConfig, workers: int) -> None:
     from .data import steps_for_rows
 
     if cfg.data != "synthetic":
+        from .data import stream_steps
         from .datasets import inspect_table
 
         table = inspect_table(cfg.data, cfg.features, cfg.target)
         cfg.input_dim, cfg.output_dim = table.input_dim, table.output_dim
-        cfg.steps_per_epoch = steps_for_rows(table.rows, workers, cfg.batch_size, cfg.grad_accum)
+        steps = stream_steps if cfg.stream else steps_for_rows
+        cfg.steps_per_epoch = steps(table.rows, workers, cfg.batch_size, cfg.grad_accum)
     elif cfg.dataset is not None:
         from .datasets import load_user_dataset
 

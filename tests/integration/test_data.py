@@ -12,12 +12,15 @@ from ._runs import rows_of, small
 pytestmark = pytest.mark.ray
 
 
-def test_training_on_parquet_learns_the_teacher(ray_local, storage, tmp_path):
-    write_synthetic(str(tmp_path / "set"), rows=4096, features=10, targets=5, files=3, seed=1)
+@pytest.mark.parametrize("stream", [False, True], ids=["in-memory", "streamed"])
+def test_training_on_parquet_learns_the_teacher(ray_local, storage, tmp_path, stream):
+    write_synthetic(str(tmp_path / "set"), rows=4096, features=10, targets=5, files=3, seed=1,
+                    row_group_rows=512)
     _, y = load_table(inspect_table(str(tmp_path / "set"), None, None))
     variance = y.var().item()
-    summary = run(small(storage, "parquet", model="mlp", width=64, depth=2, data=str(tmp_path / "set"),
-                        batch_size=64, epochs=4, optimizer="adamw", lr=0.01, report_every=8))
+    summary = run(small(storage, f"parquet-{stream}", model="mlp", width=64, depth=2,
+                        data=str(tmp_path / "set"), stream=stream, batch_size=64, epochs=4,
+                        optimizer="adamw", lr=0.01, report_every=8))
     assert summary.steps == 4 * 32  # one pass over 4096 rows at 2 x 64 per step, per epoch
     rows = rows_of(summary)
     epoch_samples = sum(r["samples"] for r in rows if r["epoch"] == 1)
