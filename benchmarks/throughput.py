@@ -5,6 +5,8 @@ Runs on the machine it measures (the driver of each arm is a subprocess of this 
   ray-train  benchmarks/plain_ray_train.py: TorchTrainer + prepare_model, a report each
              "epoch" of --plain-report-every steps, as Ray's documentation shows
   ray-ddp    `python -m ray_ddp train --model mlp ...` with the same sizes
+  ray-ddp-every-step   the same with --report-every 1: a metrics row every step, which
+             bounds what metrics cost (not in the default arms)
 Each arm trains the same MLP with the same batch per worker for --warmup + --steps
 steps; rounds repeat the arms in rotated order and the table takes each figure's median.
 
@@ -37,7 +39,8 @@ sys.path.insert(0, HERE)
 
 from workload import add_workload_args  # noqa: E402
 
-ARMS = ("torchrun", "ray-train", "ray-ddp")
+ARMS = ("torchrun", "ray-train", "ray-ddp", "ray-ddp-every-step")
+DEFAULT_ARMS = ARMS[:3]
 
 
 def sizes(args) -> list[str]:
@@ -56,10 +59,11 @@ def arm_command(arm: str, args, workers: int, out: str) -> list[str]:
         return [py, os.path.join(HERE, "plain_ray_train.py"), *common, *timed, "--out", out,
                 "--workers", str(workers), "--gpus-per-worker", str(args.gpus_per_worker),
                 "--report-every", str(args.plain_report_every), "--storage", os.path.join(out, "storage")]
-    if arm == "ray-ddp":
+    if arm.startswith("ray-ddp"):
+        every = 1 if arm == "ray-ddp-every-step" else args.report_every
         return [py, "-m", "ray_ddp", "train", "--model", "mlp", *common, "--optimizer", "sgd",
                 "--epochs", "1", "--steps-per-epoch", str(args.warmup + args.steps),
-                "--report-every", str(args.report_every), "--workers", str(workers),
+                "--report-every", str(every), "--workers", str(workers),
                 "--gpus-per-worker", str(args.gpus_per_worker), "--storage", out, "--name", "run",
                 "--quiet", "--json"]
     raise ValueError(arm)
@@ -68,7 +72,7 @@ def arm_command(arm: str, args, workers: int, out: str) -> list[str]:
 def read_worker_results(arm: str, out: str, args) -> list[dict]:
     """Every rank's timings: the JSON files the baselines write, or ray-ddp's own
     metrics table (the report at step --warmup starts the clock)."""
-    if arm != "ray-ddp":
+    if not arm.startswith("ray-ddp"):
         return [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))
                 if f.startswith("rank_")]
     import pyarrow.parquet as pq
@@ -98,7 +102,7 @@ def run_arm(arm: str, args, workers: int) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     ranks = read_worker_results(arm, out, args)
-    summary = json.loads(proc.stdout.strip().splitlines()[-1]) if arm == "ray-ddp" else None
+    summary = json.loads(proc.stdout.strip().splitlines()[-1]) if arm.startswith("ray-ddp") else None
     shutil.rmtree(out, ignore_errors=True)
     rank0 = min(ranks, key=lambda r: r["rank"])
     gpu = [r.get("gpu_max_mb") for r in ranks if r.get("gpu_max_mb")]
@@ -181,10 +185,10 @@ def main() -> None:
     parser.add_argument("--workers", default="2", help="worker counts to measure, e.g. 1,2")
     parser.add_argument("--gpus-per-worker", type=int, default=None,
                         help="default: 1 if CUDA is available, else 0 (CPU, gloo)")
-    parser.add_argument("--arms", default=",".join(ARMS), help="which of torchrun,ray-train,ray-ddp")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"which of {','.join(ARMS)}")
     parser.add_argument("--rounds", type=int, default=3, help="repeats of every arm; medians are shown")
     parser.add_argument("--report-every", type=int, default=10, help="ray-ddp's --report-every")
-    parser.add_argument("--plain-report-every", type=int, default=50,
+    parser.add_argument("--plain-report-every", type=int, default=110,
                         help="steps per ray.train.report in the plain Ray Train arm (its 'epoch')")
     parser.add_argument("--json", help="write every round's raw figures here")
     args = parser.parse_args()

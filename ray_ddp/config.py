@@ -73,6 +73,9 @@ class TrainConfig:
         default=None,
         choices=(0, 1, 2),
     )
+    cpus_per_worker: Optional[int] = _opt(
+        "CPU cores each worker reserves in Ray and gives torch's threads; default: on a CPU run "
+        "on a Ray that ray-ddp starts, the machine's cores / workers, else 1", default=None)
     backend: Optional[str] = _opt(
         "process-group backend; default: nccl on GPU, gloo on CPU",
         default=None,
@@ -174,8 +177,9 @@ class TrainConfig:
         for name in ("epochs", "steps_per_epoch", "batch_size", "keep", "checkpoint_every",
                      "report_every", "input_dim", "output_dim", "width", "depth", "grad_accum"):
             _require_positive(name, getattr(self, name))
-        if self.workers is not None:
-            _require_positive("workers", self.workers)
+        for name in ("workers", "cpus_per_worker"):
+            if getattr(self, name) is not None:
+                _require_positive(name, getattr(self, name))
         if not math.isfinite(self.report_interval) or self.report_interval < 0:
             raise ConfigError(f"--report-interval must be 0 or more seconds, got {self.report_interval}")
         if not math.isfinite(self.wait_for_resources) or self.wait_for_resources < 0:

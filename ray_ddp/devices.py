@@ -52,6 +52,8 @@ def plan_placement(
     backend: Optional[str],
     node_gpus: Sequence[int],
     stages: int = 1,
+    cpus_per_worker: Optional[int] = None,
+    local_cpus: Optional[int] = None,
 ) -> PlacementConfig:
     """Fill in the defaults from the GPUs of each node (``node_gpus``) and check the pairs fit.
 
@@ -82,8 +84,12 @@ def plan_placement(
         backend = "nccl" if gpw > 0 else "gloo"
     if backend == "nccl" and gpw == 0:
         raise ConfigError("--backend nccl needs GPUs; use --backend gloo with --gpus-per-worker 0")
+    if cpus_per_worker is None:
+        # Ray starts a 1-CPU worker with OMP_NUM_THREADS=1, so one CPU worker alone on a
+        # many-core machine would use one core; a Ray of our own is ours to fill.
+        cpus_per_worker = max(1, local_cpus // workers) if gpw == 0 and local_cpus else CPUS_PER_WORKER
     return PlacementConfig(workers=workers, gpus_per_worker=gpw,
-                           cpus_per_worker=CPUS_PER_WORKER, backend=backend)
+                           cpus_per_worker=cpus_per_worker, backend=backend)
 
 
 def _describe_gpus(node_gpus: Sequence[int]) -> str:

@@ -90,16 +90,19 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
             return _write_summary(cfg, store, None, resumed_from, started)
 
     marks["attach"] = time.time()
-    with attach_ray(cfg.address, cfg.verbose, local_cpus=cfg.workers or 0) as node_gpus:
+    local = cfg.address is None and not os.environ.get("RAY_ADDRESS")
+    with attach_ray(cfg.address, cfg.verbose,
+                    local_cpus=(cfg.workers or 0) * (cfg.cpus_per_worker or 1)) as node_gpus:
         marks["ray"] = time.time()
         placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
-                                   stages=model_stages(cfg.model))
+                                   stages=model_stages(cfg.model), cpus_per_worker=cfg.cpus_per_worker,
+                                   local_cpus=os.cpu_count() if local else None)
         _fit_data_to(cfg, placement.workers)
         if cfg.amp == "fp16" and not placement.use_gpu:
             raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
         ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
-        cfg.workers, cfg.gpus_per_worker, cfg.backend = (
-            placement.workers, placement.gpus_per_worker, placement.backend)
+        cfg.workers, cfg.gpus_per_worker, cfg.cpus_per_worker, cfg.backend = (
+            placement.workers, placement.gpus_per_worker, placement.cpus_per_worker, placement.backend)
         if not cfg.quiet:
             where = f"resuming from {resumed_from}" if resumed_from else "new run"
             echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "

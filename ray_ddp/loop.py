@@ -48,6 +48,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     devices = _worker_devices(cfg)
+    # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
+    # follows the CPUs it asked for, but torch may have read it before)
+    torch.set_num_threads(cfg.cpus_per_worker or 1)
 
     # The same seed on every rank gives the same initial weights (DDP also broadcasts
     # rank 0's at wrap time); the per-rank reseed keeps dropout-like noise independent.

@@ -70,3 +70,17 @@ def test_shortfall_lines_name_the_numbers():
     pair = plan_placement(2, 2, None, [2])
     one_each = [{"CPU": 4, "GPU": 1}] * 4
     assert describe_have(one_each, pair) == "the cluster has 4 GPU but not 2 on one node for each worker"
+
+
+@pytest.mark.parametrize("workers,gpus,local,given,want", [
+    (1, [0], 8, None, 8),     # one CPU worker on a Ray of our own gets every core
+    (2, [0], 8, None, 4),
+    (3, [0], 2, None, 1),     # never below one
+    (2, [0], None, None, 1),  # someone else's cluster: 1, unless asked
+    (2, [0], None, 6, 6),
+    (2, [2], 8, None, 1),     # GPU workers: the GPU does the work
+])
+def test_cpus_per_worker_defaults(workers, gpus, local, given, want):
+    p = plan_placement(workers, None, None, gpus, cpus_per_worker=given, local_cpus=local)
+    assert p.cpus_per_worker == want
+    assert p.resources_per_worker()["CPU"] == want
