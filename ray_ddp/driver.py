@@ -68,7 +68,8 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     started = time.time()
     marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
     cfg = _with_default_name(dataclasses.replace(cfg).validate())
-    _fit_data_to(cfg, cfg.workers or 1)  # checks the data before Ray starts; redone below
+    data_shape = inspect_data(cfg)  # before Ray starts: bad data costs seconds
+    _fit_data_to(cfg, data_shape, cfg.workers or 1)  # redone below for the real world size
     check_model(cfg)
     store = resolve_storage(cfg.storage)
     check_writable(store)
@@ -97,7 +98,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
         placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
                                    stages=model_stages(cfg.model), cpus_per_worker=cfg.cpus_per_worker,
                                    local_cpus=os.cpu_count() if local else None)
-        _fit_data_to(cfg, placement.workers)
+        _fit_data_to(cfg, data_shape, placement.workers)
         if cfg.amp == "fp16" and not placement.use_gpu:
             raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
         ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
@@ -124,27 +125,46 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
     return _write_summary(cfg, store, placement, resumed_from, started, marks)
 
 
-def _fit_data_to(cfg: TrainConfig, workers: int) -> None:
-    """With --data / --dataset, the data decides the model's dims and the steps per epoch
-    (one pass over the rows); a bad data set is refused here with one line."""
-    from .data import steps_for_rows
+@dataclass(frozen=True)
+class DataShapeConfig:
+    """What --data / --dataset decide for the run: rows, and the model's input and
+    output sizes. Taken once on the driver (a user's Dataset is built once here)."""
 
+    rows: int
+    input_dim: int
+    output_dim: int
+
+
+def inspect_data(cfg: TrainConfig) -> Optional[DataShapeConfig]:
+    """Check --data / --dataset before Ray starts (one line if unusable); None for synthetic."""
     if cfg.data != "synthetic":
-        from .data import stream_steps
         from .datasets import inspect_table
 
         table = inspect_table(cfg.data, cfg.features, cfg.target)
-        cfg.input_dim, cfg.output_dim = table.input_dim, table.output_dim
-        steps = stream_steps if cfg.stream else steps_for_rows
-        cfg.steps_per_epoch = steps(table.rows, workers, cfg.batch_size, cfg.grad_accum)
-    elif cfg.dataset is not None:
+        return DataShapeConfig(table.rows, table.input_dim, table.output_dim)
+    if cfg.dataset is not None:
         from .datasets import load_user_dataset
 
         ds = load_user_dataset(cfg.dataset)
         x, y = ds[0]
-        cfg.input_dim, cfg.output_dim = int(torch_numel(x)), int(torch_numel(y))
-        per_rank = -(-len(ds) // workers)  # DistributedSampler pads to equal shares
+        return DataShapeConfig(len(ds), int(torch_numel(x)), int(torch_numel(y)))
+    return None
+
+
+def _fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig], workers: int) -> None:
+    """With --data / --dataset, the data decides the model's dims and the steps per epoch
+    (one pass over the rows, which depends on the world size)."""
+    from .data import steps_for_rows, stream_steps
+
+    if shape is None:
+        return
+    cfg.input_dim, cfg.output_dim = shape.input_dim, shape.output_dim
+    if cfg.dataset is not None:
+        per_rank = -(-shape.rows // workers)  # DistributedSampler pads to equal shares
         cfg.steps_per_epoch = steps_for_rows(per_rank, 1, cfg.batch_size, cfg.grad_accum)
+    else:
+        steps = stream_steps if cfg.stream else steps_for_rows
+        cfg.steps_per_epoch = steps(shape.rows, workers, cfg.batch_size, cfg.grad_accum)
 
 
 def torch_numel(t: Any) -> int:

@@ -29,7 +29,11 @@ def test_training_on_parquet_learns_the_teacher(ray_local, storage, tmp_path, st
 
 
 def test_a_user_dataset_is_sharded_and_trained(ray_local, storage):
+    import user_data
+
+    built = user_data.BUILT
     summary = run(small(storage, "user-dataset", dataset="user_data:regression", batch_size=50,
                         epochs=2, report_every=3))
+    assert user_data.BUILT == built + 1  # the driver builds a costly Dataset once, not per check
     assert summary.steps == 2 * 6  # 600 rows / 2 ranks / 50 per step
     assert summary.final_loss < rows_of(summary)[0]["loss"]
