@@ -40,6 +40,17 @@ def test_metrics_table_has_a_row_per_rank_per_report(full_run):
                for r in rows)
     first, last = rows[0]["loss"], full_run.final_loss
     assert last < 0.5 * first, "the loss should fall on the teacher-labelled data"
+    assert all(r["max_rss_mb"] > 50 and r["gpu_max_mb"] is None for r in rows)
+    starts = [r for r in rows if r["started_at"] is not None]
+    assert sorted(r["rank"] for r in starts) == [0, 1] and all(r["step"] == 5 for r in starts)
+    assert all(r["started_at"] < r["first_step_at"] < r["time"] for r in starts)
+
+
+def test_summary_says_where_the_start_up_seconds_went(full_run):
+    parts = full_run.startup_s
+    assert list(parts) == ["python", "checks", "ray", "placement", "trainer", "first_step", "total"]
+    assert all(v >= 0 for v in parts.values()) and parts["trainer"] > 0
+    assert abs(sum(v for k, v in parts.items() if k != "total") - parts["total"]) < 0.01
 
 
 def test_checkpoints_written_by_rank_0_only_and_kept_newest(full_run, storage):
