@@ -48,7 +48,9 @@ def test_killed_worker_restarts_from_checkpoint_and_matches(full_run, storage):
 
     def train():
         try:
-            result["summary"] = run(small(storage, name, model="user_models:slow_toy", max_failures=1))
+            # every window reaches progress.json at once, so the kill lands mid-run
+            result["summary"] = run(small(storage, name, model="user_models:slow_toy", max_failures=1,
+                                          report_interval=0))
         except BaseException as err:  # surfaced by the assertions below
             result["error"] = err
 
@@ -75,6 +77,7 @@ def test_interrupted_driver_then_same_command_matches(full_run, storage):
     argv = [sys.executable, "-m", "ray_ddp", "train", "--model", "user_models:slow_toy",
             "--workers", "2", "--epochs", "3", "--steps-per-epoch", "10", "--batch-size", "16",
             "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0",  # as small()
+            "--report-interval", "0",  # every window reaches progress.json: Ctrl-C lands mid-run
             "--storage", str(storage), "--name", name]
     env = {**os.environ, "PYTHONPATH": HELPERS}
     env.pop("RAY_ADDRESS", None)
