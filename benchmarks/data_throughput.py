@@ -54,8 +54,7 @@ def run_arm(name: str, args, data: str | None) -> dict:
             if r["rank"] == 0]
     shutil.rmtree(storage, ignore_errors=True)
     rows.sort(key=lambda r: r["step"])
-    first_epoch_end = next(r for r in rows if r["epoch"] == 1 and r["step"] == max(
-        x["step"] for x in rows if x["epoch"] == 1))
+    first_epoch_end = max((r for r in rows if r["epoch"] == 1), key=lambda r: r["step"])
     samples = sum(r["samples"] for r in rows if r["step"] > first_epoch_end["step"]) * summary["world_size"]
     return {"arm": name, "samples_per_s": samples / (rows[-1]["time"] - first_epoch_end["time"]), "wall_s": wall}
 

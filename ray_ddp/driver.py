@@ -56,7 +56,6 @@ class RunSummary:
     already_complete: bool = False
     startup_s: Optional[dict[str, float]] = None
 
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
