@@ -19,6 +19,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default="ddp_model.pt")
     parser.add_argument("--fail-on-rank", type=int, default=-1, help="for tests: this rank exits 3")
+    parser.add_argument("--raise-on-rank", type=int, default=-1,
+                        help="for tests: this rank raises a RuntimeError")
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
@@ -26,8 +28,11 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count()) \
         if use_cuda else torch.device("cpu")
+    print(f"rank {rank} of {world} ready", flush=True)
     if rank == args.fail_on_rank:
         raise SystemExit(3)
+    if rank == args.raise_on_rank:
+        raise RuntimeError(f"injected failure on rank {rank}")
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)).to(device)

@@ -22,7 +22,7 @@ import os
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pyarrow.fs as pafs
 import torch
@@ -41,7 +41,10 @@ class TrainState:
 
     epoch: int = 0
     step: int = 0
-    # one entry per rank: {"torch": ByteTensor, "cuda": [ByteTensor, ...]}
+    # steps taken in the epoch under way, counted, never derived from steps per epoch: a
+    # resume on another world size (or batch) has other steps per epoch
+    epoch_step: int = 0
+    # one entry per rank: {"torch": ByteTensor, "cuda": [ByteTensor per own GPU]}
     rng: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -49,18 +52,26 @@ def checkpoint_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def capture_rng() -> dict[str, Any]:
-    """This process's RNG state, so a resumed rank draws what it would have drawn."""
+def capture_rng(devices: Sequence[torch.device] = ()) -> dict[str, Any]:
+    """This process's RNG state, so a resumed rank draws what it would have drawn: the
+    CPU's, and that of this worker's own GPUs (in the order of ``devices``), never every
+    visible GPU's: a resume may land on a node with fewer."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    gpus = _distinct_gpus(devices)
+    if gpus:
+        state["cuda"] = [torch.cuda.get_rng_state(d) for d in gpus]
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: dict[str, Any], devices: Sequence[torch.device] = ()) -> None:
+    """Put back what ``capture_rng`` took, GPU by GPU onto this worker's own devices."""
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    for device, gpu_state in zip(_distinct_gpus(devices), state.get("cuda", [])):
+        torch.cuda.set_rng_state(gpu_state, device)
+
+
+def _distinct_gpus(devices: Sequence[torch.device]) -> list[torch.device]:
+    return list(dict.fromkeys(d for d in devices if d.type == "cuda"))
 
 
 def _to_cpu(obj: Any, into: Any = None) -> Any:
@@ -103,12 +114,14 @@ def snapshot_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, stat
             "optimizer": _to_cpu(optimizer.state_dict(), reuse.train_state["optimizer"] if reuse else None),
             "epoch": state.epoch,
             "step": state.step,
+            "epoch_step": state.epoch_step,
             "rng": state.rng,
             "config": config,
             "saved_by_rank": rank,
             **{name: _to_cpu(obj.state_dict()) for name, obj in (stateful or {}).items()},
         },
-        meta={"epoch": state.epoch, "step": state.step, "world_size": len(state.rng),
+        meta={"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
+              "world_size": len(state.rng),
               "saved_by_rank": rank, "config": config},
     )
 
@@ -210,7 +223,8 @@ def load_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Opt
     for name, obj in (stateful or {}).items():
         if name in saved:
             obj.load_state_dict(saved[name])
-    return TrainState(epoch=saved["epoch"], step=saved["step"], rng=saved["rng"])
+    return TrainState(epoch=saved["epoch"], step=saved["step"], rng=saved["rng"],
+                      epoch_step=saved.get("epoch_step", 0))
 
 
 @dataclass
@@ -220,27 +234,34 @@ class CheckpointScan:
     latest: Optional[str] = None
     meta: Optional[dict[str, Any]] = None
     broken: list[tuple[str, str]] = field(default_factory=list)  # (folder, what is wrong)
+    newest: Optional[str] = None  # the newest step folder, whole or not
 
 
-def find_latest_checkpoint(fs, run_path: str) -> CheckpointScan:
+def find_latest_checkpoint(fs, run_path: str, verify_crc: bool = False) -> CheckpointScan:
     """Scan ``step-*`` folders newest first; the first whose files match its meta.json wins.
 
-    Only sizes are compared here (no download); workers also check CRC-32 before loading.
+    Sizes are always compared; ``verify_crc`` also reads every file and compares its
+    CRC-32 (what the driver does before it trusts a checkpoint to resume from: a file of
+    the right size may still be corrupt).
     """
     from pyarrow.fs import FileSelector, FileType
 
     scan = CheckpointScan()
     try:
         infos = fs.get_file_info(FileSelector(run_path, allow_not_found=True))
-    except (FileNotFoundError, OSError):
+    except FileNotFoundError:
         return scan
     names = sorted(
         (i.base_name for i in infos if i.type == FileType.Directory and i.base_name.startswith("step-")),
         reverse=True,
     )
+    scan.newest = names[0] if names else None
     for name in names:
-        meta = read_json(fs, f"{run_path}/{name}/{META_FILE}")
-        problem = _size_problem(fs, f"{run_path}/{name}", meta)
+        try:
+            meta = read_json(fs, f"{run_path}/{name}/{META_FILE}")
+        except ValueError:  # not JSON: a torn write (a read failure is raised, not guessed at)
+            meta = None
+        problem = _file_problem(fs, f"{run_path}/{name}", meta, verify_crc)
         if problem is None:
             scan.latest, scan.meta = name, meta
             return scan
@@ -248,7 +269,7 @@ def find_latest_checkpoint(fs, run_path: str) -> CheckpointScan:
     return scan
 
 
-def _size_problem(fs, path: str, meta: Optional[dict[str, Any]]) -> Optional[str]:
+def _file_problem(fs, path: str, meta: Optional[dict[str, Any]], verify_crc: bool) -> Optional[str]:
     from pyarrow.fs import FileType
 
     if meta is None or not isinstance(meta.get("files"), dict):
@@ -259,7 +280,17 @@ def _size_problem(fs, path: str, meta: Optional[dict[str, Any]]) -> Optional[str
             return f"{name} is missing"
         if info.size != want["bytes"]:
             return f"{name} has {info.size} bytes, {want['bytes']} were written"
+        if verify_crc and _stream_crc32(fs, f"{path}/{name}") != want["crc32"]:
+            return f"{name} is corrupt (CRC-32 mismatch)"
     return None
+
+
+def _stream_crc32(fs, path: str) -> int:
+    crc = 0
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def weights_hash(model: nn.Module) -> int:
@@ -267,5 +298,6 @@ def weights_hash(model: nn.Module) -> int:
     h = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
+        h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return int(h.hexdigest()[:12], 16)  # 48 bits: exact as a float64 metric

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 from .config import ConfigError, TrainConfig, config_fields
 from .demos import DEMOS
+from .storage import StorageError
 
 EXIT_TRAINING_FAILED = 1
 EXIT_USER_ERROR = 2
@@ -61,14 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
                              "else start a local Ray")
     launch.add_argument("--max-failures", type=int, default=0,
                         help="restart all processes this many times when one fails (default: 0)")
+    launch.add_argument("--wait-for-resources", type=float, default=TrainConfig.wait_for_resources,
+                        help="seconds to wait for the cluster to hold every process "
+                             f"(default: {TrainConfig.wait_for_resources:g})")
     launch.add_argument("script", help="the script; it reads RANK, WORLD_SIZE, LOCAL_RANK, "
                                        "MASTER_ADDR, MASTER_PORT")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
 
     data = sub.add_parser("data", help="data set tools")
     data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    synth = data_sub.add_parser("synth", help="write a parquet regression set labelled by a "
-                                              "fixed random teacher network")
+    synth = data_sub.add_parser("synth", help="write a parquet set a model can learn: regression or "
+                                              "classification by a fixed random teacher network, "
+                                              "or token sequences of a fixed Markov chain (lm)")
+    synth.add_argument("--task", choices=("regression", "classification", "lm"), default="regression",
+                       help="what the set is for (default: regression)")
+    synth.add_argument("--classes", type=int, default=10,
+                       help="classes of a classification set: label column t0 (default: 10)")
+    synth.add_argument("--seq-len", type=int, default=64,
+                       help="an lm set's sequences hold seq-len + 1 tokens (default: 64)")
+    synth.add_argument("--vocab-size", type=int, default=256, help="an lm set's tokens (default: 256)")
     synth.add_argument("--rows", type=int, required=True, help="rows to write")
     synth.add_argument("--features", type=int, default=10, help="feature columns f0.. (default: 10)")
     synth.add_argument("--targets", type=int, default=5, help="target columns t0.. (default: 5)")
@@ -122,6 +134,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as err:
         print(f"ray-ddp {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except StorageError as err:
+        print(f"ray-ddp {args.command}: storage error: {err}", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
     except KeyboardInterrupt:
         print("ray-ddp: interrupted; run the same command again to resume from the latest "
               "checkpoint", file=sys.stderr)
@@ -139,8 +154,10 @@ def _train(args: argparse.Namespace) -> int:
         return EXIT_TRAINING_FAILED
     if not cfg.quiet and not summary.already_complete:
         print(f"done: {summary.epochs_completed}/{summary.epochs} epochs, final loss "
-              f"{_fmt(summary.final_loss)}, {_fmt(summary.samples_per_s, '.0f')} samples/s; "
-              f"checkpoint {summary.checkpoint}; metrics {summary.metrics}")
+              f"{_fmt(summary.final_loss)}, {_fmt(summary.samples_per_s, ',.0f')} samples/s in "
+              f"training windows, {_fmt(summary.wall_samples_per_s, ',.0f')} samples/s over the "
+              f"wall time{_describe_validation(summary)}; checkpoint {summary.checkpoint}; "
+              f"metrics {summary.metrics}")
     if cfg.json:
         print(json.dumps(summary.to_dict()))
     return 0
@@ -163,9 +180,12 @@ def _data_synth(args: argparse.Namespace) -> int:
     from .datasets import write_synthetic
 
     paths = write_synthetic(args.out, args.rows, args.features, args.targets, args.files, args.seed,
-                            args.row_group_rows)
-    print(f"wrote {args.rows} rows ({args.features} features, {args.targets} targets) "
-          f"to {len(paths)} parquet file(s) under {args.out}")
+                            args.row_group_rows, task=args.task, classes=args.classes,
+                            seq_len=args.seq_len, vocab_size=args.vocab_size)
+    what = {"regression": f"{args.features} features, {args.targets} targets",
+            "classification": f"{args.features} features, a label of {args.classes} classes",
+            "lm": f"sequences of {args.seq_len + 1} tokens of {args.vocab_size}"}[args.task]
+    print(f"wrote {args.rows} rows ({what}) to {len(paths)} parquet file(s) under {args.out}")
     return 0
 
 
@@ -176,8 +196,10 @@ def _launch(args: argparse.Namespace) -> int:
         raise ConfigError(f"script not found: {args.script}")
     if args.max_failures < 0:
         raise ConfigError(f"--max-failures must be 0 or more, got {args.max_failures}")
+    if not args.wait_for_resources >= 0:
+        raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {args.wait_for_resources}")
     return launch([os.path.abspath(args.script), *args.script_args], args.workers,
-                  args.gpus_per_worker, args.address, args.max_failures)
+                  args.gpus_per_worker, args.address, args.max_failures, args.wait_for_resources)
 
 
 def _runs(args: argparse.Namespace) -> int:
@@ -201,6 +223,19 @@ def _report(args: argparse.Namespace) -> int:
     for path in summary.files:
         print(f"wrote {path}")
     return 0
+
+
+def _describe_validation(summary) -> str:
+    if summary.val_loss is None:
+        return ""
+    text = f"; validation loss {summary.val_loss:.4f} (best {summary.best_val_loss:.4f})"
+    if summary.val_accuracy is not None:
+        text += f", accuracy {summary.val_accuracy:.4f}"
+    if summary.val_perplexity is not None:
+        text += f", perplexity {summary.val_perplexity:.2f}"
+    if summary.best_checkpoint:
+        text += f"; best checkpoint {summary.best_checkpoint}"
+    return text
 
 
 def _fmt(value: Any, spec: str = ".4f") -> str:

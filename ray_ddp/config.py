@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-BUILTIN_MODELS = ("toy", "toy-mp", "mlp")
+BUILTIN_MODELS = ("toy", "toy-mp", "mlp", "gpt")
+TASKS = ("regression", "classification", "lm")
 OPTIMIZERS = ("sgd", "adamw")
 AMP_MODES = ("off", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine")
@@ -38,30 +39,55 @@ class TrainConfig:
 
     # --- model and data ---
     model: str = _opt(
-        "model: toy, toy-mp (two stages over a device pair), mlp, or package.module:callable "
-        "returning an nn.Module",
+        "model: toy, toy-mp (two stages over a device pair), mlp, gpt (a small decoder-only "
+        "transformer, for --task lm), or package.module:callable returning an nn.Module",
         default="toy",
     )
+    task: Optional[str] = _opt(
+        "what to learn: regression (mean squared error), classification (cross-entropy over "
+        "integer labels; windows also report accuracy) or lm (next-token cross-entropy; "
+        "perplexity); default: classification when --target is one integer column, lm with "
+        "--model gpt or text data, else regression", default=None, choices=TASKS)
+    num_classes: Optional[int] = _opt("classes of a classification task; default: the largest "
+                                      "label in the data + 1", default=None)
+    loss: Optional[str] = _opt("your own loss: package.module:callable, fn(output, target) -> "
+                               "scalar, the mean over the batch's rows", default=None)
+    collate: Optional[str] = _opt("your own collate function for --dataset: package.module:callable, "
+                                  "fn(list of items) -> (inputs, targets)", default=None)
     data: str = _opt("training data: synthetic, or a parquet file / folder of parquet files "
                      "(local path or URI), loaded into each worker's memory (or read in pieces: --stream)",
                      default="synthetic")
     features: Optional[str] = _opt("input columns of --data, COL[,COL...] (or one fixed-size list "
                                    "column); default: f0, f1, ... as `ray-ddp data synth` writes",
                                    default=None)
-    target: Optional[str] = _opt("target columns of --data, COL[,COL...]; default: t0, t1, ...",
+    target: Optional[str] = _opt("target columns of --data, COL[,COL...]; default: t0, t1, ... "
+                                 "(--task lm: none, the targets are the inputs shifted by one token)",
                                  default=None)
     stream: bool = _opt("read --data one row group at a time instead of loading it into each "
                         "worker's memory (for data larger than memory): row groups in a seeded "
                         "order, rows shuffled within them, a contiguous part per rank", default=False)
     dataset: Optional[str] = _opt("a user's map-style torch Dataset of (input, target) pairs: "
-                                  "package.module:callable; sharded with DistributedSampler",
+                                  "package.module:callable; sharded like --data's rows",
                                   default=None)
+    val_data: Optional[str] = _opt("validation data: a parquet file / folder (or text, with --task "
+                                   "lm), read like --data", default=None)
+    val_fraction: float = _opt("hold out this fraction of --data / --dataset rows for validation "
+                               "(a split fixed by --seed, never trained on)", default=0.0)
+    eval_every: int = _opt("epochs between validations (the last epoch is always evaluated)", default=1)
     input_dim: int = _opt("features per synthetic sample (with --data: taken from the columns)",
                           default=10)
     output_dim: int = _opt("targets per synthetic sample (with --data: taken from the columns)",
                            default=5)
     width: int = _opt("hidden width of the mlp model", default=256)
-    depth: int = _opt("hidden layers of the mlp model", default=2)
+    depth: int = _opt("hidden layers of the mlp model; transformer blocks of gpt", default=2)
+    heads: int = _opt("attention heads of the gpt model", default=4)
+    seq_len: int = _opt("tokens per training sequence (--task lm)", default=64)
+    vocab_size: int = _opt("vocabulary of the gpt model (text data is bytes: 256); default: "
+                           "from the data", default=256)
+    sync_batchnorm: bool = _opt("BatchNorm statistics over the global batch "
+                                "(nn.SyncBatchNorm) instead of each rank's own", default=False)
+    find_unused_parameters: bool = _opt("let DDP handle a forward that skips some parameters "
+                                        "(slower; only for models that need it)", default=False)
     # --- placement ---
     workers: Optional[int] = _opt(
         "training workers (world size); default: GPUs / gpus-per-worker on a GPU cluster, else 2",
@@ -116,6 +142,7 @@ class TrainConfig:
         default=None,
     )
     keep: int = _opt("newest checkpoints to keep", default=2)
+    keep_best: bool = _opt("also keep the checkpoint with the lowest validation loss", default=False)
     checkpoint_every: int = _opt("epochs between checkpoints (the last epoch always saves)", default=1)
     report_every: int = _opt("steps per metrics row: each rank's loss and timing are summed over this "
                              "many steps (every epoch end closes a row too)", default=10)
@@ -175,9 +202,10 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         """Check what can be checked without a cluster; raise ConfigError on the first problem."""
         for name in ("epochs", "steps_per_epoch", "batch_size", "keep", "checkpoint_every",
-                     "report_every", "input_dim", "output_dim", "width", "depth", "grad_accum"):
+                     "report_every", "input_dim", "output_dim", "width", "depth", "grad_accum",
+                     "heads", "seq_len", "vocab_size", "eval_every"):
             _require_positive(name, getattr(self, name))
-        for name in ("workers", "cpus_per_worker"):
+        for name in ("workers", "cpus_per_worker", "num_classes"):
             if getattr(self, name) is not None:
                 _require_positive(name, getattr(self, name))
         if not math.isfinite(self.report_interval) or self.report_interval < 0:
@@ -215,6 +243,24 @@ class TrainConfig:
             raise ConfigError("give --data or --dataset, not both")
         if self.stream and self.data == "synthetic":
             raise ConfigError("--stream reads parquet: give --data PATH (synthetic data is never in memory)")
+        if self.task not in (None, *TASKS):
+            raise ConfigError(f"--task must be one of {', '.join(TASKS)}, got {self.task}")
+        if not (0.0 <= self.val_fraction < 1.0):
+            raise ConfigError(f"--val-fraction must be at least 0 and below 1, got {self.val_fraction}")
+        if self.val_fraction and self.val_data is not None:
+            raise ConfigError("give --val-data or --val-fraction, not both")
+        if self.val_fraction and self.stream:
+            raise ConfigError("--val-fraction splits rows held in memory; with --stream give --val-data")
+        if self.keep_best and not (self.val_data or self.val_fraction):
+            raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
+                              "give --val-data or --val-fraction")
+        if self.model == "gpt" and self.width % self.heads:
+            raise ConfigError(f"--width {self.width} must be a multiple of --heads {self.heads}")
+        for flag, spec in (("--loss", self.loss), ("--collate", self.collate)):
+            if spec is not None and ":" not in spec:
+                raise ConfigError(f"{flag} '{spec}' must look like package.module:callable")
+        if self.collate is not None and self.dataset is None:
+            raise ConfigError("--collate is for --dataset (parquet and text data are collated by ray-ddp)")
         if self.dataset is not None and ":" not in self.dataset:
             raise ConfigError(f"--dataset '{self.dataset}' must look like package.module:callable")
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):

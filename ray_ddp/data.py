@@ -15,7 +15,8 @@ no host time; each device type has its own random stream, identical run to run.
 from __future__ import annotations
 
 import bisect
-from typing import Callable
+import itertools
+from typing import Callable, Optional
 
 import torch
 
@@ -98,48 +99,74 @@ def rows_of_step(order: torch.Tensor, step: int, rank: int, micro: int, world: i
     return parts[rank * grad_accum + micro], len(rows) / world
 
 
-class TableSource:
-    """A table of rows in memory (a parquet data set), in a seeded order each epoch."""
+class IndexedSource:
+    """Rows that can be fetched by index (a table in memory, text windows, a user's
+    Dataset), in an order fixed by (seed, epoch): step s takes the next global batch of
+    that order (``rows_of_step``), so every row is seen exactly once per epoch, with no
+    padding, and a step holds the same rows whatever the world size, as long as the
+    global batch is the same. A rank whose part of the last step is empty trains on an
+    empty batch (zero gradient), so every rank takes the same steps."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, seed: int, rank: int, world: int,
-                 batch_size: int, grad_accum: int):
-        self.x, self.y, self.seed = x, y, seed
+    def __init__(self, rows: int, fetch: Callable[[torch.Tensor], tuple], seed: int, rank: int,
+                 world: int, batch_size: int, grad_accum: int):
+        self.rows, self.fetch, self.seed = rows, fetch, seed
         self.rank, self.world, self.batch_size, self.grad_accum = rank, world, batch_size, grad_accum
         self._order_epoch, self._order = -1, None
 
     def micro_batch(self, epoch: int, step: int, micro: int):
         if epoch != self._order_epoch:
-            self._order_epoch, self._order = epoch, epoch_order(len(self.x), self.seed, epoch)
+            self._order_epoch, self._order = epoch, epoch_order(self.rows, self.seed, epoch)
         idx, share = rows_of_step(self._order, step, self.rank, micro, self.world,
                                   self.batch_size, self.grad_accum)
-        return self.x[idx], self.y[idx], share
+        x, y = self.fetch(idx)
+        return x, y, share
 
 
-class DatasetSource:
-    """A user's map-style torch Dataset, sharded by DistributedSampler (set_epoch each
-    epoch, so every epoch has its own shuffle and all ranks agree on it)."""
+def tensor_fetcher(x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.Tensor], tuple]:
+    """fetch(indices) -> rows of two tensors held in memory."""
+    return lambda idx: (x[idx], y[idx])
 
-    def __init__(self, dataset, seed: int, rank: int, world: int, batch_size: int, grad_accum: int):
-        from torch.utils.data import DistributedSampler
 
-        self.dataset = dataset
-        self.sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
-                                          seed=seed, drop_last=False)
-        self.batch_size, self.grad_accum = batch_size, grad_accum
-        self._epoch, self._indices = -1, []
+def rows_fetcher(dataset, collate: Optional[Callable] = None) -> Callable:
+    """fetch(indices) -> (inputs, targets) of a map-style Dataset, collated; an empty index
+    list gives an empty batch of the right structure (``default_collate([])`` fails)."""
+    from torch.utils.data import default_collate
 
-    def micro_batch(self, epoch: int, step: int, micro: int):
-        from torch.utils.data import default_collate
+    collate = collate or default_collate
+    empty = []
 
-        if epoch != self._epoch:
-            self.sampler.set_epoch(epoch)
-            self._epoch, self._indices = epoch, list(self.sampler)
-        per_step = self.batch_size * self.grad_accum
-        in_step = self._indices[step * per_step:(step + 1) * per_step]
-        idx = in_step[micro * self.batch_size:(micro + 1) * self.batch_size]
-        x, y = default_collate([self.dataset[i] for i in idx])
-        # every rank holds the same count (the sampler pads), so its share is its own
-        return x.float(), y.float(), float(len(in_step))
+    def fetch(idx: torch.Tensor):
+        if len(idx) == 0:
+            if not empty:
+                empty.append(empty_batch(collate([dataset[0]])))
+            x, y = empty[0]
+        else:
+            x, y = collate([dataset[i] for i in idx.tolist()])
+        return _as_float32(x), _as_float32(y)
+
+    return fetch
+
+
+def _as_float32(batch):
+    """float64 tensors (numpy's default) as float32, the models' dtype; the rest as it is."""
+    if isinstance(batch, torch.Tensor):
+        return batch.float() if batch.dtype == torch.float64 else batch
+    if isinstance(batch, dict):
+        return {k: _as_float32(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_as_float32(v) for v in batch)
+    return batch
+
+
+def empty_batch(batch):
+    """The same structure with zero rows: what a rank trains on when its share is empty."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return {k: empty_batch(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(empty_batch(v) for v in batch)
+    return batch
 
 
 def part_bounds(rows: int, world: int) -> list[int]:
@@ -190,8 +217,8 @@ class StreamSource:
         """Rows ``start .. start+count-1`` of the epoch's stream."""
         if epoch != self._epoch:
             self._epoch, self._order = epoch, epoch_order(len(self.groups), self.seed, epoch).tolist()
-            sizes = [self.groups[g][2] for g in self._order]
-            self._starts = [sum(sizes[:k]) for k in range(len(sizes))]
+            # where each group starts in the epoch's stream (linear: 100k groups are common)
+            self._starts = [0, *itertools.accumulate(self.groups[g][2] for g in self._order)][:-1]
         xs, ys = [], []
         while count > 0 or not xs:
             k = bisect.bisect_right(self._starts, start) - 1

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from .config import ConfigError
@@ -22,7 +23,10 @@ from .config import ConfigError
 
 @dataclass(frozen=True)
 class TableConfig:
-    """A checked parquet data set: where, which columns, how many rows, the dims."""
+    """A checked parquet data set: where, which columns, how many rows, the dims, and the
+    task its targets make: float targets regression, one integer target column
+    classification (``num_classes``: the largest label + 1), a column of token-id lists
+    a language model's sequences (``input_dim``: the shortest sequence)."""
 
     path: str
     features: tuple[str, ...]
@@ -30,6 +34,8 @@ class TableConfig:
     rows: int
     input_dim: int
     output_dim: int
+    task: str = "regression"
+    num_classes: Optional[int] = None
 
 
 def _dataset(path: str):
@@ -75,8 +81,10 @@ def _width(field: pa.Field, path: str) -> int:
                       "numbers (or fixed-size lists of numbers)")
 
 
-def inspect_table(path: str, features: Optional[str], target: Optional[str]) -> TableConfig:
-    """Check a parquet data set on the driver; raise ConfigError with one line if unusable."""
+def inspect_table(path: str, features: Optional[str], target: Optional[str],
+                  task: Optional[str] = None) -> TableConfig:
+    """Check a parquet data set on the driver; raise ConfigError with one line if unusable.
+    ``task``: the one asked for, or None to take it from the target columns."""
     ds = _dataset(path)
     try:
         schema = ds.schema
@@ -84,13 +92,48 @@ def inspect_table(path: str, features: Optional[str], target: Optional[str]) -> 
     except (pa.ArrowInvalid, OSError) as err:
         raise ConfigError(f"--data {path} is not readable as parquet ({str(err).splitlines()[0]})") from None
     names = schema.names
+    if task == "lm":
+        return _inspect_token_table(ds, path, features or "tokens", rows)
     feats = _pick(names, features, r"f\d+", "features", path)
     targs = _pick(names, target, r"t\d+", "target", path)
     if rows == 0:
         raise ConfigError(f"--data {path} has no rows")
+    integer_label = len(targs) == 1 and pa.types.is_integer(schema.field(targs[0]).type)
+    task = task or ("classification" if integer_label else "regression")
+    num_classes = None
+    if task == "classification":
+        if not integer_label:
+            raise ConfigError(f"--task classification needs one integer label column; --data {path} "
+                              f"has target {', '.join(targs)} ({schema.field(targs[0]).type}); "
+                              "pass --target LABEL_COLUMN")
+        labels = ds.to_table(columns=list(targs)).column(0)
+        low, high = pc.min(labels).as_py(), pc.max(labels).as_py()
+        if low is None or low < 0:
+            raise ConfigError(f"--data {path}: class labels must be 0 or more, found {low}")
+        num_classes = high + 1
     return TableConfig(path, feats, targs, rows,
                        sum(_width(schema.field(c), path) for c in feats),
-                       sum(_width(schema.field(c), path) for c in targs))
+                       sum(_width(schema.field(c), path) for c in targs), task, num_classes)
+
+
+def _inspect_token_table(ds, path: str, column: str, rows: int) -> TableConfig:
+    """A language model's data: one column of token-id lists; the targets are the inputs
+    shifted by one token, so there is no target column."""
+    if column not in ds.schema.names:
+        raise ConfigError(f"--data {path} has no column '{column}'; its columns are "
+                          f"{', '.join(ds.schema.names)}; name the token-id list column with --features")
+    t = ds.schema.field(column).type
+    if not ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+            and pa.types.is_integer(t.value_type)):
+        raise ConfigError(f"--data {path}: column '{column}' is {t}; --task lm needs a column of "
+                          "token-id lists (list<int>)")
+    if rows == 0:
+        raise ConfigError(f"--data {path} has no rows")
+    tokens = ds.to_table(columns=[column]).column(0)
+    lengths, flat = pc.list_value_length(tokens), pc.list_flatten(tokens)
+    shortest, largest = pc.min(lengths).as_py(), pc.max(flat).as_py()
+    return TableConfig(path, (column,), (), rows, int(shortest), 0, "lm",
+                       num_classes=int(largest) + 1 if largest is not None else 0)
 
 
 def _columns_to_tensor(table: pa.Table, cols: tuple[str, ...]) -> torch.Tensor:
@@ -106,10 +149,26 @@ def _columns_to_tensor(table: pa.Table, cols: tuple[str, ...]) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def load_table(table: TableConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole data set as float32 tensors (inputs, targets), rows in file order."""
-    data = _dataset(table.path).to_table(columns=list(table.features + table.targets))
-    return _columns_to_tensor(data, table.features), _columns_to_tensor(data, table.targets)
+def load_table(table: TableConfig, seq_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole data set as tensors (inputs, targets), rows in file order: float32
+    inputs and targets for regression, int64 labels for classification, and for a
+    language model int64 tokens, each row's first ``seq_len`` as inputs and the same
+    shifted by one as targets."""
+    data = _dataset(table.path).to_table(columns=list(dict.fromkeys(table.features + table.targets)))
+    return _to_tensors(data, table, seq_len)
+
+
+def _to_tensors(data: pa.Table, table: TableConfig, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if table.task == "lm":
+        tokens = data.column(table.features[0]).combine_chunks()
+        ids = torch.from_numpy(pc.list_flatten(pc.list_slice(tokens, 0, seq_len + 1)).to_numpy(
+            zero_copy_only=False).astype("int64")).reshape(len(data), seq_len + 1)
+        return ids[:, :-1], ids[:, 1:]
+    x = _columns_to_tensor(data, table.features)
+    if table.task == "classification":
+        labels = data.column(table.targets[0]).combine_chunks().to_numpy(zero_copy_only=False)
+        return x, torch.from_numpy(labels.astype("int64"))
+    return x, _columns_to_tensor(data, table.targets)
 
 
 def list_row_groups(table: TableConfig) -> list[tuple[str, int, int]]:
@@ -123,7 +182,7 @@ def list_row_groups(table: TableConfig) -> list[tuple[str, int, int]]:
     return [g for g in groups if g[2] > 0]
 
 
-def row_group_reader(table: TableConfig):
+def row_group_reader(table: TableConfig, seq_len: int = 0):
     """read(file, row group) -> (inputs, targets) as float32 tensors, for --stream."""
     import pyarrow.parquet as pq
 
@@ -135,7 +194,7 @@ def row_group_reader(table: TableConfig):
     def read(path: str, row_group: int) -> tuple[torch.Tensor, torch.Tensor]:
         with fs.open_input_file(path) as f:
             data = pq.ParquetFile(f).read_row_group(row_group, columns=columns)
-        return _columns_to_tensor(data, table.features), _columns_to_tensor(data, table.targets)
+        return _to_tensors(data, table, seq_len)
 
     return read
 
@@ -149,42 +208,83 @@ def load_user_dataset(spec: str):
         ds = fn()
     except Exception as err:
         raise ConfigError(f"dataset '{spec}' raised {type(err).__name__}: {err}") from None
+    return check_dataset(ds, f"dataset '{spec}'")
+
+
+def check_dataset(ds, what: str):
+    """Refuse, in one line, what is not a non-empty map-style Dataset of (input, target) pairs."""
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
-        raise ConfigError(f"dataset '{spec}' returned {type(ds).__name__}, not a map-style Dataset "
+        raise ConfigError(f"{what} is {type(ds).__name__}, not a map-style Dataset "
                           "(it needs __len__ and __getitem__)")
     if len(ds) == 0:
-        raise ConfigError(f"dataset '{spec}' is empty")
+        raise ConfigError(f"{what} is empty")
     item = ds[0]
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
-        raise ConfigError(f"dataset '{spec}' items must be (input, target) pairs")
+        raise ConfigError(f"{what}: items must be (input, target) pairs")
     return ds
 
 
 def write_synthetic(out: str, rows: int, features: int, targets: int, files: int = 1,
-                    seed: int = 0, row_group_rows: int = 8192) -> list[str]:
-    """A regression set labelled by a fixed random teacher network (a 2-layer MLP), so a
-    model can really learn it. Columns: id, f0..f{F-1}, t0..t{T-1} (float32); row groups
-    of ``row_group_rows`` rows (what --stream shuffles and reads one at a time)."""
-    import pyarrow.parquet as pq
-
-    from .storage import resolve_storage
-
+                    seed: int = 0, row_group_rows: int = 8192, task: str = "regression",
+                    classes: int = 10, seq_len: int = 64, vocab_size: int = 256) -> list[str]:
+    """A data set a model can really learn, written as parquet (row groups of
+    ``row_group_rows`` rows, what --stream shuffles and reads one at a time):
+    - regression: columns id, f0..f{F-1}, t0..t{T-1} (float32), the targets from a fixed
+      random teacher network (a 2-layer tanh MLP) plus a little noise;
+    - classification: id, f0..f{F-1} and an int64 label t0, the argmax of such a
+      teacher's ``classes`` outputs;
+    - lm: id and ``tokens``, sequences of ``seq_len + 1`` token ids walked on a fixed random
+      Markov chain over ``vocab_size`` tokens (each token has a few likely successors),
+      so a language model can learn what comes next."""
     for name, value in (("rows", rows), ("features", features), ("targets", targets), ("files", files),
-                        ("row-group-rows", row_group_rows)):
+                        ("row-group-rows", row_group_rows), ("classes", classes), ("seq-len", seq_len),
+                        ("vocab-size", vocab_size)):
         if value <= 0:
             raise ConfigError(f"--{name} must be a positive integer, got {value}")
     if files > rows:
         raise ConfigError(f"--files {files} is more than --rows {rows}")
+    if task == "classification" and classes < 2:
+        raise ConfigError(f"--classes must be 2 or more, got {classes}")
     g = torch.Generator().manual_seed(seed)
-    hidden = max(16, features)
-    w1 = torch.randn(features, hidden, generator=g) / features**0.5
-    w2 = torch.randn(hidden, targets, generator=g) / hidden**0.5
-    x = torch.randn(rows, features, generator=g)
-    y = torch.tanh(x @ w1) @ w2 + 0.01 * torch.randn(rows, targets, generator=g)
     columns: dict[str, Any] = {"id": pa.array(range(rows), type=pa.int64())}
-    columns.update({f"f{i}": pa.array(x[:, i].numpy()) for i in range(features)})
-    columns.update({f"t{i}": pa.array(y[:, i].numpy()) for i in range(targets)})
-    table = pa.table(columns)
+    if task == "lm":
+        columns["tokens"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(markov_tokens(g, rows, seq_len + 1, vocab_size).reshape(-1).numpy()), seq_len + 1)
+    else:
+        outputs = classes if task == "classification" else targets
+        hidden = max(16, features)
+        w1 = torch.randn(features, hidden, generator=g) / features**0.5
+        w2 = torch.randn(hidden, outputs, generator=g) / hidden**0.5
+        x = torch.randn(rows, features, generator=g)
+        y = torch.tanh(x @ w1) @ w2
+        columns.update({f"f{i}": pa.array(x[:, i].numpy()) for i in range(features)})
+        if task == "classification":
+            columns["t0"] = pa.array(y.argmax(dim=1).numpy().astype("int64"))
+        else:
+            y = y + 0.01 * torch.randn(rows, targets, generator=g)
+            columns.update({f"t{i}": pa.array(y[:, i].numpy()) for i in range(targets)})
+    return _write_parquet(out, pa.table(columns), files, row_group_rows)
+
+
+def markov_tokens(g: torch.Generator, rows: int, length: int, vocab: int) -> torch.Tensor:
+    """``rows`` sequences of ``length`` tokens from a fixed random Markov chain: each
+    token has 4 likely successors (together 90% of the probability)."""
+    likely = torch.stack([torch.randperm(vocab, generator=g)[:4] for _ in range(vocab)])
+    probs = torch.full((vocab, vocab), 0.1 / vocab)
+    probs.scatter_add_(1, likely, torch.full((vocab, 4), 0.9 / 4))
+    seqs = torch.empty(rows, length, dtype=torch.int64)
+    seqs[:, 0] = torch.randint(vocab, (rows,), generator=g)
+    for t in range(1, length):
+        seqs[:, t] = torch.multinomial(probs[seqs[:, t - 1]], 1, generator=g).squeeze(1)
+    return seqs
+
+
+def _write_parquet(out: str, table: pa.Table, files: int, row_group_rows: int) -> list[str]:
+    import pyarrow.parquet as pq
+
+    from .storage import resolve_storage
+
+    rows = table.num_rows
     store = resolve_storage(out)
     single = files == 1 and out.endswith(".parquet")
     folder = store.path.rsplit("/", 1)[0] if single else store.path
@@ -197,3 +297,51 @@ def write_synthetic(out: str, rows: int, features: int, targets: int, files: int
             pq.write_table(table.slice(bounds[k], bounds[k + 1] - bounds[k]), f, row_group_size=row_group_rows)
         written.append(path)
     return written
+
+
+# ------------------------------------------------------------------------------- text
+def is_text(path: str) -> bool:
+    """Text data for a language model: a .txt file, or a folder of .txt files."""
+    from pyarrow.fs import FileSelector, FileType
+
+    from .storage import resolve_storage
+
+    if path.endswith(".txt"):
+        return True
+    store = resolve_storage(path)
+    try:
+        if store.fs.get_file_info(store.path).type != FileType.Directory:
+            return False
+        return any(i.path.endswith(".txt") for i in store.fs.get_file_info(FileSelector(store.path)))
+    except OSError:
+        return False
+
+
+def read_text_bytes(path: str) -> torch.Tensor:
+    """The bytes of a .txt file, or of a folder's .txt files in name order, as uint8."""
+    from pyarrow.fs import FileSelector, FileType
+
+    from .storage import resolve_storage
+
+    store = resolve_storage(path)
+    info = store.fs.get_file_info(store.path)
+    if info.type == FileType.NotFound:
+        raise ConfigError(f"--data {path} does not exist; give a .txt file or a folder of them")
+    files = [store.path] if info.type == FileType.File else sorted(
+        i.path for i in store.fs.get_file_info(FileSelector(store.path)) if i.path.endswith(".txt"))
+    chunks = []
+    for name in files:
+        with store.fs.open_input_stream(name) as f:
+            chunks.append(f.read())
+    data = b"".join(chunks)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+
+
+def text_windows(data: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte-level tokens cut into windows of ``seq_len + 1`` (stride ``seq_len``, so every
+    byte after the first is a target once): inputs and the targets one byte on."""
+    rows = (len(data) - 1) // seq_len
+    ids = data.long()
+    x = ids[: rows * seq_len].reshape(rows, seq_len)
+    y = ids[1: rows * seq_len + 1].reshape(rows, seq_len)
+    return x, y

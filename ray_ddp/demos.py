@@ -32,8 +32,9 @@ class DemoFailed(RuntimeError):
 
 @dataclass
 class DemoSummary:
+    """A demo that held: what it showed (``detail``) and the runs that showed it."""
+
     demo: str
-    ok: bool
     detail: str
     runs: list[RunSummary]
 
@@ -46,18 +47,18 @@ def run_demo(name: str, workers: Optional[int] = None, storage: str = "~/ray_ddp
     if name == "basic":
         summary = run(TrainConfig(model="toy", epochs=2, **base), echo=echo)
         detail = _check_identical_weights(summary)
-        return DemoSummary(name, True, detail, [summary])
+        return DemoSummary(name, detail, [summary])
     if name == "checkpoint":
         first = run(TrainConfig(model="toy", epochs=1, **base), echo=echo)
         second = run(TrainConfig(model="toy", epochs=2, **base), echo=echo)
         loaded = _check_loaded_checkpoint(second)
         detail = f"{loaded}; {_check_identical_weights(second)}"
-        return DemoSummary(name, True, detail, [first, second])
+        return DemoSummary(name, detail, [first, second])
     if name == "model-parallel":
         summary = run(TrainConfig(model="toy-mp", epochs=2, **base), echo=echo)
         detail = (f"{summary.gpus_per_worker or 'CPU'} device(s) per worker; "
                   + _check_identical_weights(summary))
-        return DemoSummary(name, True, detail, [summary])
+        return DemoSummary(name, detail, [summary])
     raise ValueError(f"unknown demo {name}")
 
 

@@ -59,6 +59,9 @@ def plan_placement(
 
     - gpus_per_worker defaults to 0 on a cluster without GPUs, else to one GPU per model
       stage (a pair for the two-stage toy-mp where a node has two), else 1;
+    - cpus_per_worker defaults, for CPU workers on a Ray this run started itself
+      (``local_cpus``: its CPUs), to an equal share of them; anywhere else to 1;
+    - more GPUs per worker than the model has stages is refused;
     - workers defaults to how many whole slots of gpus_per_worker GPUs the nodes hold
       (a pair never straddles two nodes), or 2 on CPU;
     - backend defaults to nccl on GPU, gloo on CPU.
@@ -70,6 +73,13 @@ def plan_placement(
         gpw = 0
     else:
         gpw = min(stages, max(node_gpus))
+    if gpw > stages:
+        # a pair for a one-stage model would leave its second GPU idle and put the targets
+        # on it while the outputs stay on the first
+        raise ConfigError(
+            f"--gpus-per-worker {gpw} gives each worker a GPU per model stage, and this model has "
+            f"{stages} stage; use --gpus-per-worker 1 (a pair is for the two-stage toy-mp)"
+        )
     if workers is None:
         if gpw == 0:
             workers = DEFAULT_CPU_WORKERS
@@ -98,7 +108,7 @@ def _describe_gpus(node_gpus: Sequence[int]) -> str:
     return f"{sum(node_gpus)} GPU on nodes of " + ", ".join(str(g) for g in node_gpus if g)
 
 
-def wrap_ddp(model: nn.Module, devices: Sequence[torch.device]) -> DDP:
+def wrap_ddp(model: nn.Module, devices: Sequence[torch.device], find_unused_parameters: bool = False) -> DDP:
     """Wrap the bare model in DDP for this worker's devices.
 
     One GPU: ``device_ids=[it]``, as Ray's prepare_model would. A model spread over a
@@ -107,8 +117,9 @@ def wrap_ddp(model: nn.Module, devices: Sequence[torch.device]) -> DDP:
     """
     distinct = {d for d in devices}
     if len(distinct) == 1 and devices[0].type == "cuda":
-        return DDP(model, device_ids=[devices[0]], output_device=devices[0])
-    return DDP(model, device_ids=None, output_device=None)
+        return DDP(model, device_ids=[devices[0]], output_device=devices[0],
+                   find_unused_parameters=find_unused_parameters)
+    return DDP(model, device_ids=None, output_device=None, find_unused_parameters=find_unused_parameters)
 
 
 def peak_memory_mb(device: torch.device) -> dict:

@@ -9,26 +9,26 @@ cluster can ever hold it, run TorchTrainer.fit() while printing progress, and wr
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import time
-from contextlib import contextmanager
 import dataclasses
+import os
+import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from .checkpoint import CheckpointScan, find_latest_checkpoint
+from .cluster import attach_ray, worker_runtime_env
 from .config import ConfigError, TrainConfig
 from .devices import PlacementConfig, plan_placement
+from .dataplan import fit_data_to, inspect_data
 from .models import check_model, model_stages
 from .preflight import ensure_cluster_fits
 from .progress import show_progress
-from .storage import (METRICS_FILE, STATUS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
+from .storage import (EVAL_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
                       read_json, read_table, resolve_storage, write_json)
 
 # Fields of the checkpoint's config that must match for a resume to load the weights.
-_SHAPE_KEYS = ("model", "input_dim", "output_dim", "width", "depth")
+_SHAPE_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "heads", "seq_len",
+               "vocab_size")
 
 
 class TrainingError(RuntimeError):
@@ -45,7 +45,7 @@ class RunSummary:
     gpus_per_worker: int
     epochs_completed: int
     final_loss: Optional[float]
-    samples_per_s: Optional[float]
+    samples_per_s: Optional[float]  # steady state, over training windows (metrics rows)
     checkpoint: Optional[str]
     metrics: Optional[str]
     resumed_from: Optional[str]
@@ -55,28 +55,46 @@ class RunSummary:
     wall_time_s: float = 0.0
     already_complete: bool = False
     startup_s: Optional[dict[str, float]] = None
+    # every sample of this run over the wall time from its first step to its last
+    wall_samples_per_s: Optional[float] = None
+    task: str = "regression"
+    val_loss: Optional[float] = None  # the last validation's
+    best_val_loss: Optional[float] = None
+    val_accuracy: Optional[float] = None  # classification
+    val_perplexity: Optional[float] = None  # lm
+    best_checkpoint: Optional[str] = None  # with --keep-best: the lowest validation loss's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
+def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = None,
+        train_data: Any = None, val_data: Any = None, loss: Optional[Callable] = None) -> RunSummary:
     """Train as ``cfg`` says and return the summary. Raises ConfigError on a user mistake
     (before anything is written) and TrainingError when training failed. ``cfg`` itself is
-    left as it was: the defaults filled in here go to a copy."""
+    left as it was: the defaults filled in here go to a copy.
+
+    Objects instead of module paths: ``model`` an nn.Module or a callable returning one,
+    ``train_data`` / ``val_data`` map-style Datasets of (input, target) pairs, ``loss``
+    fn(output, target) -> the batch's mean loss. Ray ships them to the workers pickled
+    (cloudpickle), so they may be defined in a notebook or a script workers cannot import."""
     started = time.time()
     marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
-    cfg = _with_default_name(dataclasses.replace(cfg).validate())
-    data_shape = inspect_data(cfg)  # before Ray starts: bad data costs seconds
-    _fit_data_to(cfg, data_shape, cfg.workers or 1)  # redone below for the real world size
-    check_model(cfg)
+    cfg = _with_default_name(_with_objects(dataclasses.replace(cfg), model, train_data, loss).validate())
+    objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss}
+    if cfg.keep_best and not (cfg.val_data or cfg.val_fraction or val_data is not None):
+        raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
+                          "give --val-data, --val-fraction or val_data=")
+    data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds
+    cfg = fit_data_to(cfg, data_shape, cfg.workers or 1)  # redone below for the real world size
+    check_model(cfg, model)
     store = resolve_storage(cfg.storage)
     check_writable(store)
     if cfg.tensorboard and not store.is_local:
         raise ConfigError(f"--tensorboard writes event files to a local disk; --storage {cfg.storage} "
                           "is not one (use a local or shared path, or drop --tensorboard)")
     run_path = store.run_path(cfg.name)
-    scan = find_latest_checkpoint(store.fs, run_path)
+    scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
     _say_broken(cfg, scan, echo)
     resumed_from = f"{_join(store.uri, cfg.name)}/{scan.latest}" if scan.latest else None
     if scan.meta is not None:
@@ -90,86 +108,75 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print) -> RunSummary:
             return _write_summary(cfg, store, None, resumed_from, started)
 
     marks["attach"] = time.time()
-    local = cfg.address is None and not os.environ.get("RAY_ADDRESS")
     with attach_ray(cfg.address, cfg.verbose,
-                    local_cpus=(cfg.workers or 0) * (cfg.cpus_per_worker or 1)) as node_gpus:
+                    local_cpus=(cfg.workers or 0) * (cfg.cpus_per_worker or 1)) as cluster:
         marks["ray"] = time.time()
-        placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, node_gpus,
+        placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, cluster.node_gpus,
                                    stages=model_stages(cfg.model), cpus_per_worker=cfg.cpus_per_worker,
-                                   local_cpus=os.cpu_count() if local else None)
-        _fit_data_to(cfg, data_shape, placement.workers)
+                                   local_cpus=cluster.own_cpus)
+        cfg = fit_data_to(cfg, data_shape, placement.workers)
         if cfg.amp == "fp16" and not placement.use_gpu:
             raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
+        if cfg.sync_batchnorm and not placement.use_gpu:
+            raise ConfigError("--sync-batchnorm needs GPUs (PyTorch's SyncBatchNorm runs on CUDA "
+                              "only); drop it on CPU")
         ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
-        cfg.workers, cfg.gpus_per_worker, cfg.cpus_per_worker, cfg.backend = (
-            placement.workers, placement.gpus_per_worker, placement.cpus_per_worker, placement.backend)
+        cfg = dataclasses.replace(cfg, workers=placement.workers, gpus_per_worker=placement.gpus_per_worker,
+                                  cpus_per_worker=placement.cpus_per_worker, backend=placement.backend)
         if not cfg.quiet:
             where = f"resuming from {resumed_from}" if resumed_from else "new run"
             echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
                  f"global batch {describe_global_batch(cfg, placement.workers)}, {cfg.epochs} "
                  f"epochs x {cfg.steps_per_epoch} steps -> {run_path}")
+        loop_config = {"config": cfg.to_dict(), "resume_from": scan.latest,
+                       "newest_at_start": scan.newest, "total_steps": planned_steps(cfg, scan.meta),
+                       "objects": {k: v for k, v in objects.items() if v is not None}}
         _write_status(store, run_path, "running", cfg, placement)
         marks["fit"] = time.time()
         try:
             with show_progress(store, run_path, echo, enabled=not cfg.quiet):
-                _fit(cfg, store, placement, scan.latest)
+                _fit(cfg, store, placement, loop_config)
         except TrainingError as err:
             _write_status(store, run_path, "failed", cfg, placement, error=str(err))
             raise
         except KeyboardInterrupt:
             _write_status(store, run_path, "interrupted", cfg, placement)
             raise
+        except BaseException as err:  # a bug or a storage failure: never leave "running"
+            _write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
+            raise
 
     _write_status(store, run_path, "complete", cfg, placement)
-    return _write_summary(cfg, store, placement, resumed_from, started, marks)
+    return _write_summary(cfg, store, placement, resumed_from, started, marks, scan.meta)
 
 
-@dataclass(frozen=True)
-class DataShapeConfig:
-    """What --data / --dataset decide for the run: rows, and the model's input and
-    output sizes. Taken once on the driver (a user's Dataset is built once here)."""
-
-    rows: int
-    input_dim: int
-    output_dim: int
-
-
-def inspect_data(cfg: TrainConfig) -> Optional[DataShapeConfig]:
-    """Check --data / --dataset before Ray starts (one line if unusable); None for synthetic."""
-    if cfg.data != "synthetic":
-        from .datasets import inspect_table
-
-        table = inspect_table(cfg.data, cfg.features, cfg.target)
-        return DataShapeConfig(table.rows, table.input_dim, table.output_dim)
-    if cfg.dataset is not None:
-        from .datasets import load_user_dataset
-
-        ds = load_user_dataset(cfg.dataset)
-        x, y = ds[0]
-        return DataShapeConfig(len(ds), int(torch_numel(x)), int(torch_numel(y)))
-    return None
+def planned_steps(cfg: TrainConfig, meta: Optional[dict[str, Any]]) -> int:
+    """The global step the run ends at: the steps a resumed run already took, plus what
+    is left at this run's steps per epoch (another world size or batch may give other
+    steps per epoch than the checkpoint's run had)."""
+    if meta is None:
+        return cfg.epochs * cfg.steps_per_epoch
+    return meta["step"] - meta.get("epoch_step", 0) + (cfg.epochs - meta["epoch"]) * cfg.steps_per_epoch
 
 
-def _fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig], workers: int) -> None:
-    """With --data / --dataset, the data decides the model's dims and the steps per epoch
-    (one pass over the rows, which depends on the world size)."""
-    from .data import steps_for_rows, stream_steps
-
-    if shape is None:
-        return
-    cfg.input_dim, cfg.output_dim = shape.input_dim, shape.output_dim
-    if cfg.dataset is not None:
-        per_rank = -(-shape.rows // workers)  # DistributedSampler pads to equal shares
-        cfg.steps_per_epoch = steps_for_rows(per_rank, 1, cfg.batch_size, cfg.grad_accum)
-    else:
-        steps = stream_steps if cfg.stream else steps_for_rows
-        cfg.steps_per_epoch = steps(shape.rows, workers, cfg.batch_size, cfg.grad_accum)
-
-
-def torch_numel(t: Any) -> int:
+def _with_objects(cfg: TrainConfig, model: Any, train_data: Any, loss: Any) -> TrainConfig:
+    """Name what the Python API passed in the config (what status.json, the resume check
+    and the start line show): ``python:<ClassName>``; the objects themselves go to the
+    workers apart from the config."""
     import torch
 
-    return torch.as_tensor(t).numel()
+    changes = {}
+    if model is not None:
+        if not (isinstance(model, torch.nn.Module) or callable(model)):
+            raise ConfigError(f"model= must be an nn.Module or a callable returning one, not "
+                              f"{type(model).__name__}")
+        name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
+        changes["model"] = f"python:{name}"
+    if train_data is not None and (cfg.data != "synthetic" or cfg.dataset is not None):
+        raise ConfigError("give train_data= or --data / --dataset, not both")
+    if loss is not None and not callable(loss):
+        raise ConfigError(f"loss= must be a callable fn(output, target), not {type(loss).__name__}")
+    return dataclasses.replace(cfg, **changes)
 
 
 def describe_global_batch(cfg: TrainConfig, workers: int) -> str:
@@ -205,91 +212,15 @@ def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str) -> N
         )
 
 
-@contextmanager
-def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0,
-               show_worker_output: bool = False) -> Iterator[list[int]]:
-    """Attach to Ray (``address``, RAY_ADDRESS, or an already initialized Ray) or start a
-    private local one; yield the GPU count of each alive node; disconnect (or stop) only
-    what this call connected (or started)."""
-    if address is not None:
-        _check_reachable(address)  # an explicit address is checked even if Ray is up here
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address is None and "ray" not in sys.modules:
-        # A private single-node Ray listens on loopback only, as Ray does on a laptop
-        # (macOS); Ray reads this when it is imported, so only before that.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-
-    started_here = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = dict(
-            log_to_driver=verbose or show_worker_output,
-            logging_level=logging.INFO if verbose else logging.ERROR,
-        )
-        if address is None:
-            # as many CPU slots as workers asked for, so a local run never waits
-            kwargs.update(num_cpus=max(os.cpu_count() or 1, local_cpus), include_dashboard=False)
-            address = "local"
-        else:
-            _check_reachable(address)  # RAY_ADDRESS: fail in seconds, not minutes
-        try:
-            ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            if address == "local":
-                raise
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(
-                f"cannot attach to the Ray cluster at {address} ({first}); start one with "
-                "`ray start --head`, fix --address / RAY_ADDRESS, or unset both to run locally"
-            ) from None
-        started_here = True
-    try:
-        yield [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
-    finally:
-        if started_here:
-            ray.shutdown()
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, not minutes, on a cluster that is not there: ray.init retries a
-    dead GCS address for a long time before it gives up."""
-    import socket
-
-    if address.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"--address / RAY_ADDRESS is {address}, a dashboard (job server) address; "
-            "ray-ddp attaches to the cluster's GCS address (HOST:6379) or 'auto'"
-        )
-    if address.startswith("ray://"):
-        return  # Ray Client: its own connection handling
-    gcs = address
-    if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
-
-        try:
-            gcs = canonicalize_bootstrap_address("auto")
-        except (ConnectionError, RuntimeError, ValueError):
-            gcs = None
-        if not gcs:
-            raise ConfigError("--address auto found no running Ray cluster on this machine; "
-                              "start one with `ray start --head` or drop --address")
-    host, _, port = gcs.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
-    except (OSError, ValueError):
-        raise ConfigError(
-            f"no Ray cluster answers at {gcs}; start one with `ray start --head`, "
-            "fix --address / RAY_ADDRESS, or unset both to run locally"
-        ) from None
-
-
 def _write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConfig,
                   placement: PlacementConfig, error: Optional[str] = None) -> None:
     """status.json: what `ray-ddp runs` shows. ``created`` survives resumes."""
     path = f"{run_path}/{STATUS_FILE}"
     store.fs.create_dir(run_path, recursive=True)
-    old = read_json(store.fs, path) or {}
+    try:
+        old = read_json(store.fs, path) or {}
+    except ValueError:  # not JSON: start the record afresh
+        old = {}
     now = time.time()
     write_json(store.fs, path, {
         "state": state, "created": old.get("created", now), "updated": now,
@@ -312,7 +243,7 @@ def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], No
 
 
 def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
-         resume_from: Optional[str]) -> None:
+         loop_config: dict[str, Any]) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -321,7 +252,7 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
 
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "resume_from": resume_from},
+        train_loop_config=loop_config,
         torch_config=TorchConfig(backend=placement.backend),
         scaling_config=ScalingConfig(
             num_workers=placement.workers,
@@ -331,10 +262,11 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
         run_config=RunConfig(
             name=cfg.name,
             storage_path=store.uri,
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep),
+            # with --keep-best, the metrics callback prunes (newest --keep and the best)
+            checkpoint_config=CheckpointConfig(num_to_keep=None if cfg.keep_best else cfg.keep),
             failure_config=FailureConfig(max_failures=cfg.max_failures),
-            callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, cfg.steps_per_epoch,
-                                       tensorboard=cfg.tensorboard)],
+            callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, loop_config["total_steps"],
+                                       tensorboard=cfg.tensorboard, keep=cfg.keep, keep_best=cfg.keep_best)],
             worker_runtime_env=worker_runtime_env(cfg),
         ),
     )
@@ -346,38 +278,6 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
         # Ctrl-C: fit() installs Ray's SIGINT handler, which aborts the run gracefully and
         # then leaves fit() with SystemExit. Hand it on as what it was: an interrupt.
         raise KeyboardInterrupt from None
-
-
-def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
-    """The one place that sets workers' environment: nothing, except that a user model or
-    dataset (``package.module:callable``) must import on the workers as it did here."""
-    specs = [spec for spec in (cfg.model, cfg.dataset) if spec and ":" in spec]
-    return importable_env(*(spec.split(":")[0] for spec in specs)) if specs else {}
-
-
-def importable_env(*module_names: str) -> dict[str, Any]:
-    """A runtime_env that puts the folder ``module_name`` was imported from on workers'
-    PYTHONPATH (Ray does not ship the driver's sys.path). Under ``ray job submit`` the
-    job's working_dir is there already; on a multi-node cluster the folder must exist on
-    every node, as a shared filesystem or the job's working_dir provides."""
-    import importlib
-
-    roots = []
-    for module_name in module_names:
-        top = module_name.split(".")[0]
-        if top == "__main__":
-            continue  # cloudpickle ships __main__'s functions by value
-        origin = getattr(importlib.import_module(top), "__file__", None)
-        if origin is None:
-            continue
-        root = os.path.dirname(os.path.abspath(origin))
-        if os.path.basename(origin) == "__init__.py":
-            root = os.path.dirname(root)  # a package: its parent folder goes on the path
-        roots.append(root)
-    if not roots:
-        return {}
-    paths = roots + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
 
 
 def _process_start_time(fallback: float) -> float:
@@ -427,9 +327,30 @@ def _describe_failure(err: Exception) -> str:
     return "training failed: " + (text[-1] if text else type(err).__name__)
 
 
+def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs, run_uri: Optional[str]) -> dict[str, Any]:
+    """summary.json's validation fields from eval.parquet's rows; ``run_uri`` given (with
+    --keep-best): also the kept checkpoint whose validation loss was the lowest."""
+    if not evals:
+        return {}
+    last = evals[-1]
+    out = {"val_loss": last["loss"], "best_val_loss": min(r["loss"] for r in evals),
+           "val_accuracy": last.get("accuracy"), "val_perplexity": last.get("perplexity")}
+    if run_uri is not None:
+        from pyarrow.fs import FileSelector, FileType
+
+        from .metrics import best_checkpoint
+
+        names = [i.base_name for i in fs.get_file_info(FileSelector(run_path))
+                 if i.type == FileType.Directory and i.base_name.startswith("step-")]
+        best = best_checkpoint(names, evals)
+        out["best_checkpoint"] = f"{run_uri}/{best}" if best else None
+    return out
+
+
 def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
                    resumed_from: Optional[str], started: float,
-                   marks: Optional[dict[str, float]] = None) -> RunSummary:
+                   marks: Optional[dict[str, float]] = None,
+                   resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
     from .metrics import summarize_metrics
 
     run_path = store.run_path(cfg.name)
@@ -438,7 +359,11 @@ def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[P
     meta = scan.meta or {}
     saved_cfg = meta.get("config", {})
     table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
-    stats = summarize_metrics(table) if table is not None and table.num_rows else {}
+    evals = read_table(store.fs, f"{run_path}/{EVAL_FILE}")
+    validation = summarize_evals(evals.to_pylist() if evals is not None else [], run_path, store.fs,
+                                 run_uri if cfg.keep_best else None)
+    resumed_step = int(resumed_meta["step"]) if resumed_meta else 0
+    stats = summarize_metrics(table, resumed_step) if table is not None and table.num_rows else {}
     summary = RunSummary(
         run=cfg.name,
         path=run_uri,
@@ -447,6 +372,7 @@ def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[P
         epochs_completed=meta.get("epoch", 0),
         final_loss=stats.get("final_loss"),
         samples_per_s=stats.get("samples_per_s"),
+        wall_samples_per_s=stats.get("wall_samples_per_s"),
         checkpoint=f"{run_uri}/{scan.latest}" if scan.latest else None,
         metrics=f"{run_uri}/{METRICS_FILE}" if table is not None else None,
         resumed_from=resumed_from,
@@ -455,6 +381,8 @@ def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[P
         backend=placement.backend if placement else saved_cfg.get("backend", ""),
         wall_time_s=round(time.time() - started, 3),
         startup_s=describe_startup(marks, table) if marks and table is not None else None,
+        task=cfg.task or "regression",
+        **validation,
     )
     write_json(store.fs, f"{run_path}/{SUMMARY_FILE}", summary.to_dict())
     return summary

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -26,25 +23,33 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import CheckpointError, TrainState, capture_rng, checkpoint_dir_name, \
-    load_checkpoint, restore_rng, snapshot_checkpoint, verify_checkpoint, weights_hash, \
-    write_checkpoint
+from .checkpoint import CheckpointError, TrainState, load_checkpoint, restore_rng, \
+    verify_checkpoint, weights_hash
 from .config import TrainConfig
-from .data import DatasetSource, StreamSource, SyntheticSource, TableSource, teacher_weights
 from .devices import peak_memory_mb, wrap_ddp
-from .models import build_model
+from .inputs import ValSet, build_inputs
+from .models import build_model, load_callable
 from .storage import resolve_storage
+from .reporting import Reporter
+from .tasks import Task, batch_rows, build_task, forward, to_device
+
+
+class UnusedParametersError(RuntimeError):
+    """DDP found parameters that the forward pass did not use."""
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; the poisoned weights are never checkpointed."""
+    """The loss or the weights became NaN or infinite; poisoned weights are never checkpointed."""
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """``loop_config``: {"config": TrainConfig as a dict, "resume_from": the checkpoint
-    folder the driver checked, or None}."""
+    folder the driver checked, or None, "newest_at_start": the newest checkpoint folder
+    when the run began, "total_steps": the step the run ends at, "objects": what the
+    Python API passed (model, train_data, val_data, loss; Ray ships them pickled)}."""
     started_at = time.time()  # reported once: where the start-up seconds went
     cfg = TrainConfig.from_dict(loop_config["config"])
+    objects = loop_config.get("objects") or {}
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     devices = _worker_devices(cfg)
@@ -55,29 +60,44 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # The same seed on every rank gives the same initial weights (DDP also broadcasts
     # rank 0's at wrap time); the per-rank reseed keeps dropout-like noise independent.
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, devices)
+    model = build_model(cfg, devices, objects.get("model"))
+    if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     optimizer = build_optimizer(cfg, model)
-    scheduler = build_scheduler(cfg, optimizer)
+    scheduler = build_scheduler(cfg, optimizer, loop_config["total_steps"])
     scaler = torch.amp.GradScaler(devices[0].type, enabled=cfg.amp == "fp16")
-    state = load_latest_checkpoint(cfg, loop_config["resume_from"], model, optimizer,
-                                   {"scheduler": scheduler, "scaler": scaler})
+    state = load_checkpoint_to_resume(cfg, loop_config, model, optimizer,
+                                      {"scheduler": scheduler, "scaler": scaler})
     # reported once: proves every rank loaded the same weights
     loaded_hash = weights_hash(model) if state.step else None
     if len(state.rng) == world_size:
-        restore_rng(state.rng[rank])
+        restore_rng(state.rng[rank], devices)
     else:
         torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
 
-    ddp_model = wrap_ddp(model, devices)
+    ddp_model = wrap_ddp(model, devices, cfg.find_unused_parameters)
     parts = TrainParts(model, ddp_model, torch.compile(ddp_model) if cfg.compile else ddp_model,
-                       optimizer, scheduler, scaler)
-    _WorkerRun(cfg, rank, world_size, devices, parts, state, loaded_hash, started_at).train()
+                       optimizer, scheduler, scaler, devices)
+    loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
+    task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn)
+    source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects)
+    run = _WorkerRun(cfg, rank, world_size, devices, parts, task, source, val_set, state, loaded_hash,
+                     started_at)
+    try:
+        run.train()
+    except RuntimeError as err:
+        if "find_unused_parameters=True" in str(err) and not cfg.find_unused_parameters:
+            raise UnusedParametersError(
+                "the model's forward did not use every parameter, and DDP needs each one's "
+                "gradient for its all-reduce; pass --find-unused-parameters") from None
+        raise
 
 
 @dataclass
 class TrainParts:
     """What a step touches: the bare model (saved), its DDP wrapper (no_sync), what runs
-    the forward pass (the wrapper, or its torch.compile), optimizer, LR schedule, scaler."""
+    the forward pass (the wrapper, or its torch.compile), optimizer, LR schedule, scaler,
+    and this worker's devices (whose RNG a checkpoint keeps)."""
 
     model: nn.Module
     ddp_model: nn.Module
@@ -85,35 +105,40 @@ class TrainParts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
+    devices: list[torch.device]
 
     def stateful(self) -> dict:
         return {"scheduler": self.scheduler, "scaler": self.scaler}
 
 
-def load_latest_checkpoint(cfg: TrainConfig, resume_from: Optional[str], model: nn.Module,
-                           optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
-    """Load the newest whole checkpoint into the bare model; a fresh TrainState if none.
-
-    Ray's latest (it moves on after an in-run restart) comes first; if its files do not
-    match its meta.json, the one the driver checked at start is the fallback.
-    """
+def load_checkpoint_to_resume(cfg: TrainConfig, loop_config: dict, model: nn.Module,
+                              optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
+    """Load into the bare model the checkpoint the driver checked and announced
+    (``resume_from``), or, after a restart within this run, the newer one Ray hands back
+    (newer than any that existed when the run began); a fresh TrainState if neither.
+    Every file is checked against its meta.json (size and CRC-32) before it is loaded."""
+    store = resolve_storage(cfg.storage)
     candidates = []
     latest = ray.train.get_checkpoint()
-    if latest is not None:
-        candidates.append(latest)
-    if resume_from is not None and (latest is None or not latest.path.endswith("/" + resume_from)):
-        store = resolve_storage(cfg.storage)
-        candidates.append(ray.train.Checkpoint(f"{store.run_path(cfg.name)}/{resume_from}", store.fs))
+    if latest is not None and _dir_name(latest.path) > (loop_config["newest_at_start"] or ""):
+        candidates.append(latest)  # written by this run before a worker died
+    if loop_config["resume_from"] is not None:
+        path = f"{store.run_path(cfg.name)}/{loop_config['resume_from']}"
+        candidates.append(ray.train.Checkpoint(path, store.fs))
     problems = []
     for checkpoint in candidates:
         with checkpoint.as_directory() as directory:
             problem = verify_checkpoint(directory)
             if problem is None:
                 return load_checkpoint(directory, model, optimizer, stateful)
-        problems.append(f"{checkpoint.path.rsplit('/', 1)[-1]}: {problem}")
+        problems.append(f"{_dir_name(checkpoint.path)}: {problem}")
     if problems:
         raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))
     return TrainState()
+
+
+def _dir_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -123,30 +148,10 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer
     return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
 
 
-def build_source(cfg: TrainConfig, rank: int, world_size: int, device: torch.device):
-    """Where this rank's rows come from: synthetic, a parquet table (in memory, or streamed
-    row group by row group), or a user Dataset."""
-    if cfg.dataset is not None:
-        from .datasets import load_user_dataset
-
-        return DatasetSource(load_user_dataset(cfg.dataset), cfg.seed, rank, world_size,
-                             cfg.batch_size, cfg.grad_accum)
-    if cfg.data != "synthetic":
-        from .datasets import inspect_table, list_row_groups, load_table, row_group_reader
-
-        table = inspect_table(cfg.data, cfg.features, cfg.target)
-        if cfg.stream:
-            return StreamSource(list_row_groups(table), row_group_reader(table), cfg.seed, rank,
-                                world_size, cfg.batch_size, cfg.grad_accum)
-        x, y = load_table(table)
-        return TableSource(x, y, cfg.seed, rank, world_size, cfg.batch_size, cfg.grad_accum)
-    teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(device)
-    return SyntheticSource(teacher, cfg.seed, rank, world_size, cfg.batch_size, cfg.grad_accum)
-
-
-def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer):
-    """Linear warm-up over ``warmup_steps``, then constant or cosine decay to 0 at the end."""
-    total = cfg.epochs * cfg.steps_per_epoch
+def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total: int):
+    """Linear warm-up over ``warmup_steps``, then constant or cosine decay to 0 at step
+    ``total``, the run's last (which the driver works out: a resume on another world size
+    has other steps per epoch from there on)."""
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
@@ -164,13 +169,9 @@ def should_save(cfg: TrainConfig, epoch_done: int) -> bool:
     return epoch_done % cfg.checkpoint_every == 0 or epoch_done == cfg.epochs
 
 
-def _lower_thread_priority() -> None:
-    """Raise this thread's nice value (Linux sets it per thread); anywhere else, or if
-    refused, leave it as it is."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass
+def should_evaluate(cfg: TrainConfig, epoch_done: int, val_set: Optional[ValSet]) -> bool:
+    """Validate every ``eval_every`` epochs, and always after the last one."""
+    return val_set is not None and (epoch_done % cfg.eval_every == 0 or epoch_done == cfg.epochs)
 
 
 def _worker_devices(cfg: TrainConfig) -> list[torch.device]:
@@ -219,20 +220,23 @@ class _BusyClock:
 
 @dataclass
 class _Window:
-    """What this rank did since its previous report."""
+    """What this rank did since its previous report: the task's sums (loss over units,
+    units, correct predictions), kept on the device so a step never waits for them."""
 
-    loss_sum: torch.Tensor
+    sums: dict[str, torch.Tensor]
     busy: _BusyClock
     steps: int = 0
     samples: int = 0
     started: float = 0.0
+    # set (on the device, no sync) once any micro-batch's loss was NaN or infinite
+    loss_bad: Optional[torch.Tensor] = None
 
 
 class _WorkerRun:
-    """One worker's training run: epochs of steps, reports, and rank 0's checkpoints."""
+    """One worker's training run: epochs of steps, closed into metrics windows."""
 
-    def __init__(self, cfg, rank, world_size, devices, parts: TrainParts, state, loaded_hash,
-                 started_at: float):
+    def __init__(self, cfg, rank, world_size, devices, parts: TrainParts, task: Task, source,
+                 val_set: Optional[ValSet], state, loaded_hash, started_at: float):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.node_rank = ray.train.get_context().get_node_rank()
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -241,15 +245,12 @@ class _WorkerRun:
         self.parts, self.state = parts, state
         self.model, self.optimizer = parts.model, parts.optimizer
         self.in_device, self.out_device = devices[0], devices[-1]
-        self.source = build_source(cfg, rank, world_size, devices[0])
+        self.task, self.source, self.val_set = task, source, val_set
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
         self.window = self._new_window()
-        self.unsent: list[dict] = []  # closed windows not yet sent to Ray
-        self.last_sent = time.perf_counter()
-        # rank 0's checkpoint writer: set while no write is in flight; its host copy is reused
-        self.written = threading.Event()
-        self.written.set()
-        self.snapshot = None
+        nccl = dist.get_backend() == "nccl"
+        self.reporter = Reporter(rank, world_size, cfg.report_interval,
+                                 self.in_device if nccl else torch.device("cpu"))
 
     def train(self) -> None:
         for epoch in range(self.state.epoch, self.cfg.epochs):
@@ -257,8 +258,7 @@ class _WorkerRun:
 
     def _run_epoch(self, epoch: int) -> None:
         cfg = self.cfg
-        first = self.state.step - epoch * cfg.steps_per_epoch  # >0 only on mid-epoch resume
-        for i in range(first, cfg.steps_per_epoch):
+        for i in range(self.state.epoch_step, cfg.steps_per_epoch):  # >0 only on mid-epoch resume
             self._run_step(epoch, i)
             if self.first_report is not None and "first_step_at" not in self.first_report:
                 if self.in_device.type == "cuda":
@@ -266,8 +266,10 @@ class _WorkerRun:
                 self.first_report["first_step_at"] = time.time()
             last_of_epoch = i == cfg.steps_per_epoch - 1
             if last_of_epoch:
-                self.state.epoch = epoch + 1
-                self._close_window(epoch, save=should_save(cfg, epoch + 1), epoch_end=True)
+                self.state.epoch, self.state.epoch_step = epoch + 1, 0
+                evaluated = self._evaluate(epoch) if should_evaluate(cfg, epoch + 1, self.val_set) else None
+                self._close_window(epoch, save=should_save(cfg, epoch + 1), epoch_end=True,
+                                   evaluated=evaluated)
             elif (i + 1) % cfg.report_every == 0:
                 self._close_window(epoch, save=False, epoch_end=False)
 
@@ -278,21 +280,23 @@ class _WorkerRun:
         for micro in range(cfg.grad_accum):
             started = w.busy.start()
             x, y, share = self.source.micro_batch(epoch, i, micro)
-            x = x.to(self.in_device, non_blocking=True)
-            y = y.to(self.out_device, non_blocking=True)
+            x, y = to_device(x, self.in_device), to_device(y, self.out_device)
             last = micro == cfg.grad_accum - 1
             # DDP all-reduces gradients during backward: only once per step, on the last
             # micro-batch; the others accumulate locally under no_sync().
             with contextlib.nullcontext() if last else p.ddp_model.no_sync():
                 with torch.autocast(self.in_device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                    out = p.forward(x)
-                # summed squared error / this rank's share of the step's rows: DDP's mean
-                # over ranks is then the exact MSE over the global batch, however it is split
-                loss = (out.float() - y).pow(2).sum() / (y.shape[1] * share)
+                    out = forward(p.forward, x)
+                sums = self.task.sums(out, y)
+                # summed loss / this rank's share of the step's units: DDP's mean over
+                # ranks is then the exact mean over the global batch, however it is split
+                loss = sums["loss"] / (share * self.task.units_per_row)
                 w.busy.stop(started)
                 p.scaler.scale(loss).backward()
-            w.loss_sum += loss.detach()
-            w.samples += len(x)
+            for key, value in sums.items():
+                w.sums[key] = w.sums.get(key, 0) + value.detach()
+            w.loss_bad |= ~torch.isfinite(sums["loss"].detach())
+            w.samples += batch_rows(y)
         if cfg.clip_grad > 0:
             p.scaler.unscale_(p.optimizer)
             torch.nn.utils.clip_grad_norm_(p.model.parameters(), cfg.clip_grad)
@@ -300,21 +304,58 @@ class _WorkerRun:
         p.scaler.update()
         p.scheduler.step()
         self.state.step += 1
+        self.state.epoch_step += 1
         w.steps += 1
 
-    def _close_window(self, epoch: int, save: bool, epoch_end: bool) -> None:
-        """End this rank's metrics window (one metrics.parquet row) and send the rows
-        not yet sent to Ray when a checkpoint is due, or when ``report_interval`` has
-        passed: Ray Train V2's controller takes one report per worker each time it
-        polls (every 2 s by default) and a report made sooner blocks training until
-        then, so sending every window would stall a fast loop."""
+    def _evaluate(self, epoch: int) -> dict:
+        """Validation: every rank evaluates its contiguous part of the validation rows
+        under eval() and no_grad(), and one all-reduce of the task's sums gives the exact
+        figures over every row, counted once. Its time is left out of the training
+        windows (the next window starts after it)."""
+        started = time.perf_counter()
+        model, task = self.parts.model, self.task
+        model.eval()
+        totals: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for x, y in self.val_set.batches(self.rank, self.world_size, self.cfg.batch_size):
+                x, y = to_device(x, self.in_device), to_device(y, self.out_device)
+                with torch.autocast(self.in_device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                    out = forward(model, x)
+                for key, value in task.sums(out, y).items():
+                    totals[key] = totals.get(key, 0) + value.double()
+        model.train()
+        keys = ("loss", "units", "correct")
+        flat = torch.tensor([float(totals.get(k, 0.0)) for k in keys], dtype=torch.float64,
+                            device=self.reporter.collective_device)
+        dist.all_reduce(flat)
+        summed = dict(zip(keys, flat.tolist()))
+        result = {f"val_{k}": v for k, v in task.metrics(summed).items()}
+        result.update(val_samples=int(round(summed["units"] / task.units_per_row)),
+                      val_time_s=time.perf_counter() - started)
+        self.window.started += result["val_time_s"]
+        return result
+
+    def _close_window(self, epoch: int, save: bool, epoch_end: bool, evaluated: Optional[dict] = None) -> None:
+        """End this rank's metrics window (one metrics.parquet row), stop every rank
+        together if any saw a non-finite loss (or, before a checkpoint, weights), and
+        send the rows not yet sent when a checkpoint or a send is due."""
         w = self.window
-        loss = (w.loss_sum / w.steps).item()  # one device sync per window, not per step
         # windows run from close to close, so the cost of sending (a barrier, a
         # checkpoint) shows in the throughput of the window after it
         now = time.perf_counter()
+        due, bad_loss, bad_weights = self.reporter.agree(
+            bool(w.loss_bad.item()), save and not weights_are_finite(self.model))
+        if bad_loss or bad_weights:
+            what = "loss" if bad_loss else "weights"
+            ranks = bad_loss or bad_weights
+            on = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
+            raise NonFiniteLossError(
+                f"{what} became non-finite (NaN or inf) on {on} in epoch {epoch + 1} by "
+                f"step {self.state.step}; no checkpoint holds them; lower --lr, set --clip-grad, "
+                "or check the data")
         elapsed = now - w.started
         samples = w.samples
+        totals = {k: float(v) for k, v in w.sums.items()}  # one device sync per window, not per step
         metrics = {
             "epoch": epoch + 1,
             "step": self.state.step,
@@ -322,7 +363,7 @@ class _WorkerRun:
             "node_rank": self.node_rank,
             "node_id": self.node_id,
             "world_size": self.world_size,
-            "loss": loss,
+            **self.task.metrics(totals),
             "samples": samples,
             "step_time_s": elapsed,
             "busy_s": w.busy.read(),
@@ -331,83 +372,32 @@ class _WorkerRun:
             "lr": self.optimizer.param_groups[0]["lr"],
             **peak_memory_mb(self.in_device),
         }
-        if not math.isfinite(loss):
-            raise NonFiniteLossError(
-                f"loss became {loss} on rank {self.rank} in epoch {epoch + 1} by step "
-                f"{self.state.step}; lower --lr or check the data"
-            )
         if epoch_end:
             metrics["weights_hash"] = weights_hash(self.model)
+        if evaluated is not None:
+            metrics.update(evaluated)
         if self.first_report is not None:
             metrics.update((k, v) for k, v in self.first_report.items() if v is not None)
             self.first_report = None
-        self.unsent.append(metrics)
+        self.reporter.add(metrics)
         if save:
-            self._send_with_checkpoint()
-        elif self._send_due():
-            self._send()
+            self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict())
+        elif due:
+            self.reporter.send()
         self.window = self._new_window(started=now)
 
-    def _send_due(self) -> bool:
-        """Whether ``report_interval`` has passed, on rank 0's clock: every rank must take
-        the same decision (a report is a barrier), so rank 0's is broadcast."""
-        if self.cfg.report_interval <= 0:
-            return True
-        # a send waits behind a checkpoint still being written (Ray keeps reports in
-        # order), so none is due until the write is done
-        due = time.perf_counter() - self.last_sent >= self.cfg.report_interval and self.written.is_set()
-        flag = torch.tensor([int(due)], device=self.in_device if dist.get_backend() == "nccl" else "cpu")
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
-
-    def _payload(self) -> dict:
-        """The newest row at the top (Ray keeps it with a checkpoint), older unsent rows
-        under ``earlier``; MetricsCallback unpacks them in order."""
-        *earlier, latest = self.unsent
-        self.unsent, self.last_sent = [], time.perf_counter()
-        return {**latest, "earlier": earlier} if earlier else latest
-
-    def _send(self) -> None:
-        ray.train.report(self._payload(), checkpoint=None)
-
-    def _send_with_checkpoint(self) -> None:
-        """Rank 0 saves a checkpoint; every rank reports. Training waits only for a copy
-        of the state in host memory (into the previous copy's memory, once that is
-        written): Ray's upload thread (ASYNC) then writes the files straight into run
-        storage, at low CPU priority, while training goes on. Ray needs a local folder to
-        hand that thread (an empty one here, which it deletes). Ray keeps reports in
-        order, so checkpoints land in order and each is whole before it counts."""
-        rng = [None] * self.world_size
-        dist.all_gather_object(rng, capture_rng())  # every rank's RNG goes into the file
-        self.state.rng = rng
-        name = checkpoint_dir_name(self.state.step)
-        if self.rank != 0:
-            ray.train.report(self._payload(), checkpoint=None, checkpoint_dir_name=name)
-            return
-        self.written.wait()  # the only wait: the previous checkpoint still being written
-        self.written.clear()
-        snapshot = self.snapshot = snapshot_checkpoint(
-            self.model, self.optimizer, self.state, self.cfg.to_dict(), self.rank,
-            self.parts.stateful(), reuse=self.snapshot)
-        storage = ray.train.get_context().get_storage()
-
-        def write_to_storage(_local: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
-            try:
-                _lower_thread_priority()  # the training thread comes first for the CPU
-                path = storage.build_checkpoint_path_from_name(dir_name)
-                write_checkpoint(path, snapshot, storage.storage_filesystem)
-                return ray.train.Checkpoint(path, storage.storage_filesystem)
-            finally:
-                self.written.set()
-
-        ray.train.report(
-            self._payload(),
-            checkpoint=ray.train.Checkpoint.from_directory(tempfile.mkdtemp(prefix="ray_ddp_ckpt_")),
-            checkpoint_dir_name=name,
-            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
-            checkpoint_upload_fn=write_to_storage,
-        )
-
     def _new_window(self, started: Optional[float] = None) -> _Window:
-        return _Window(loss_sum=torch.zeros((), device=self.out_device), busy=_BusyClock(self.in_device),
-                       started=time.perf_counter() if started is None else started)
+        return _Window(sums={}, busy=_BusyClock(self.in_device),
+                       started=time.perf_counter() if started is None else started,
+                       loss_bad=torch.zeros((), dtype=torch.bool, device=self.out_device))
+
+
+def weights_are_finite(model: nn.Module) -> bool:
+    """Whether every floating tensor of the state (weights, BatchNorm statistics) is finite:
+    checked before a checkpoint, since the loss is computed before the update that may
+    have made them infinite."""
+    per_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in model.state_dict().values():
+        if t.is_floating_point():
+            per_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(flags).all()) for flags in per_device.values())  # a sync per device

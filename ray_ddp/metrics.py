@@ -20,12 +20,13 @@ from typing import Any, Optional
 import pyarrow as pa
 from ray.train import UserCallback
 
-from .storage import METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json, write_table
+from .storage import (EVAL_FILE, METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json,
+                      write_table)
 
 # The columns every row has, in order; the issue names the first eight.
 COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time", "busy_s",
            "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash", "max_rss_mb",
-           "gpu_max_mb", "started_at", "first_step_at")
+           "gpu_max_mb", "started_at", "first_step_at", "accuracy", "perplexity")
 SCHEMA = pa.schema([
     ("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("loss", pa.float64()),
     ("samples", pa.int64()), ("step_time_s", pa.float64()), ("samples_per_s", pa.float64()),
@@ -34,6 +35,12 @@ SCHEMA = pa.schema([
     ("weights_hash", pa.int64()), ("loaded_hash", pa.int64()),
     ("max_rss_mb", pa.float64()), ("gpu_max_mb", pa.float64()),
     ("started_at", pa.float64()), ("first_step_at", pa.float64()),
+    ("accuracy", pa.float64()), ("perplexity", pa.float64()),
+])
+# eval.parquet: one row per validation (every rank reports the same all-reduced figures)
+EVAL_SCHEMA = pa.schema([
+    ("epoch", pa.int64()), ("step", pa.int64()), ("samples", pa.int64()), ("loss", pa.float64()),
+    ("accuracy", pa.float64()), ("perplexity", pa.float64()), ("time_s", pa.float64()),
 ])
 
 
@@ -74,13 +81,15 @@ class StragglerState:
 class MetricsCallback(UserCallback):
     """Collects every rank's report into the run's metrics table and progress file."""
 
-    def __init__(self, storage: str, name: str, epochs: int, steps_per_epoch: int,
-                 tensorboard: bool = False):
+    def __init__(self, storage: str, name: str, epochs: int, total_steps: int,
+                 tensorboard: bool = False, keep: int = 0, keep_best: bool = False):
         self.storage, self.name = storage, name
-        self.total_steps = epochs * steps_per_epoch
+        self.total_steps = total_steps
         self.epochs = epochs
         self.tensorboard = tensorboard
+        self.keep, self.keep_best = keep, keep_best  # with keep_best, Ray keeps all: we prune
         self._rows: Optional[list[dict[str, Any]]] = None  # loaded lazily in the controller
+        self._evals: list[dict[str, Any]] = []
         self._stragglers = StragglerState()
         self._tb = None
 
@@ -90,13 +99,17 @@ class MetricsCallback(UserCallback):
         windows = unpack_windows(metrics)
         if self._rows is None:
             self._rows = _load_rows(store.fs, f"{run_path}/{METRICS_FILE}")
+            self._evals = _load_rows(store.fs, f"{run_path}/{EVAL_FILE}")
         # Windows end on fixed steps, so a restarted worker group (or a resumed run)
         # re-reports the very steps it redoes: drop the earlier attempt's rows.
         first_step = int(windows[0][0]["step"])
         self._rows = [r for r in self._rows if r["step"] < first_step]
+        self._evals = [r for r in self._evals if r["step"] < first_step]
         straggler = None
         for window in windows:
             self._rows += [{c: m.get(c) for c in COLUMNS} for m in window]
+            if "val_loss" in window[0]:
+                self._evals.append(eval_row(window[0]))
             straggler = self._stragglers.update(window)
         progress = summarize_report(
             windows[-1], self.epochs, self.total_steps,
@@ -110,6 +123,11 @@ class MetricsCallback(UserCallback):
         if checkpoint is not None:
             write_table(store.fs, f"{run_path}/{METRICS_FILE}",
                         pa.Table.from_pylist(self._rows, schema=SCHEMA))
+            if self._evals:
+                write_table(store.fs, f"{run_path}/{EVAL_FILE}",
+                            pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
+            if self.keep_best:
+                prune_checkpoints(store.fs, run_path, self.keep, self._evals)
 
     def _write_tensorboard(self, run_dir: str, metrics: list[dict[str, Any]]) -> None:
         if self._tb is None:
@@ -117,6 +135,34 @@ class MetricsCallback(UserCallback):
 
             self._tb = SummaryWriter(logdir=f"{run_dir}/tensorboard")
         _write_tensorboard_rows(self._tb, metrics)
+
+
+def eval_row(m: dict[str, Any]) -> dict[str, Any]:
+    """A report's validation figures as an eval.parquet row."""
+    return {"epoch": m["epoch"], "step": m["step"], "samples": m["val_samples"], "loss": m["val_loss"],
+            "accuracy": m.get("val_accuracy"), "perplexity": m.get("val_perplexity"),
+            "time_s": m["val_time_s"]}
+
+
+def best_checkpoint(names: list[str], evals: list[dict[str, Any]]) -> Optional[str]:
+    """The checkpoint folder, among ``names``, whose validation loss was the lowest."""
+    from .checkpoint import checkpoint_dir_name
+
+    scored = [(r["loss"], checkpoint_dir_name(r["step"])) for r in evals
+              if checkpoint_dir_name(r["step"]) in names and r["loss"] == r["loss"]]
+    return min(scored)[1] if scored else None
+
+
+def prune_checkpoints(fs, run_path: str, keep: int, evals: list[dict[str, Any]]) -> None:
+    """--keep-best: keep the newest ``keep`` checkpoints and the best one, delete the rest."""
+    from pyarrow.fs import FileSelector, FileType
+
+    names = sorted(i.base_name for i in fs.get_file_info(FileSelector(run_path))
+                   if i.type == FileType.Directory and i.base_name.startswith("step-"))
+    kept = set(names[-keep:]) | {best_checkpoint(names, evals)}
+    for name in names:
+        if name not in kept:
+            fs.delete_dir(f"{run_path}/{name}")
 
 
 def unpack_windows(metrics: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -145,12 +191,16 @@ def _load_rows(fs, path: str) -> list[dict[str, Any]]:
 def summarize_report(metrics: list[dict[str, Any]], epochs: int, total_steps: int,
                      checkpoint: Optional[str]) -> dict[str, Any]:
     """One report of all ranks, as the driver shows it: mean loss, summed throughput."""
+    first = metrics[0]
     return {
-        "epoch": int(metrics[0]["epoch"]),
+        "epoch": int(first["epoch"]),
         "epochs": epochs,
-        "step": int(metrics[0]["step"]),
+        "step": int(first["step"]),
         "total_steps": total_steps,
         "loss": sum(m["loss"] for m in metrics) / len(metrics),
+        **{k: sum(m[k] for m in metrics) / len(metrics) for k in ("accuracy", "perplexity")
+           if first.get(k) is not None},
+        **{k: first[k] for k in ("val_loss", "val_accuracy", "val_perplexity") if k in first},
         "samples_per_s": sum(m["samples_per_s"] for m in metrics),
         "world_size": len(metrics),
         "checkpoint": checkpoint,
@@ -158,11 +208,14 @@ def summarize_report(metrics: list[dict[str, Any]], epochs: int, total_steps: in
     }
 
 
-def summarize_metrics(table: pa.Table) -> dict[str, Any]:
-    """Final loss (mean over ranks at the last step) and steady-state samples/s.
-
-    Throughput of one report = all ranks' samples / the slowest rank's time; the first
-    report is warm-up (process start, first allocations) and left out when there are others.
+def summarize_metrics(table: pa.Table, after_step: int = 0) -> dict[str, Any]:
+    """Final loss (mean over ranks at the last step) and two throughputs:
+    - ``samples_per_s``, the steady state: all ranks' samples of a report / the slowest
+      rank's window time, the first report (warm-up: process start, first allocations)
+      left out when there are others;
+    - ``wall_samples_per_s``: every sample this run trained (the steps after
+      ``after_step``, where it resumed) over the wall time from the start of its first
+      step to the end of its last, checkpoints and reports included.
     """
     rows = table.to_pylist()
     by_step: dict[int, list[dict[str, Any]]] = {}
@@ -173,8 +226,12 @@ def summarize_metrics(table: pa.Table) -> dict[str, Any]:
     measured = steps[1:] if len(steps) > 1 else steps
     samples = sum(sum(r["samples"] for r in by_step[s]) for s in measured)
     seconds = sum(max(r["step_time_s"] for r in by_step[s]) for s in measured)
+    this_run = [r for r in rows if r["step"] > after_step]
+    wall = (max(r["time"] for r in this_run) - min(r["time"] - r["step_time_s"] for r in this_run)
+            if this_run else 0.0)
     return {
         "final_loss": sum(r["loss"] for r in last) / len(last),
         "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+        "wall_samples_per_s": sum(r["samples"] for r in this_run) / wall if wall > 0 else None,
         "reports": len(steps),
     }

@@ -8,7 +8,7 @@ devices). ToyModel and ToyMpModel are the PyTorch DDP tutorial's networks.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -60,6 +60,53 @@ def build_mlp(input_dim: int, output_dim: int, width: int, depth: int) -> nn.Seq
     return nn.Sequential(*layers)
 
 
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention, then an MLP, each residual."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows, seq, width = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(width, dim=2)
+        q, k, v = (t.view(rows, seq, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(rows, seq, width))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A small decoder-only transformer: token and position embeddings, ``depth`` blocks,
+    a final LayerNorm, and an output layer that shares the token embedding's weights."""
+
+    def __init__(self, vocab_size: int, width: int, depth: int, heads: int, seq_len: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, width)
+        self.positions = nn.Embedding(seq_len, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab_size, bias=False)
+        self.head.weight = self.tokens.weight  # weight tying
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = self.tokens(ids) + self.positions(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
 def load_callable(spec: str, what: str = "model") -> Callable[..., nn.Module]:
     """Resolve ``package.module:callable``; raise ConfigError with the reason if it fails."""
     module_name, _, attr = spec.partition(":")
@@ -78,9 +125,17 @@ def load_callable(spec: str, what: str = "model") -> Callable[..., nn.Module]:
     return fn
 
 
-def build_model(cfg: TrainConfig, devices: Sequence[torch.device]) -> nn.Module:
-    """Build cfg.model on ``devices`` (one device, or a pair for toy-mp)."""
+def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
+    """Build cfg.model on ``devices`` (one device, or a pair for toy-mp); ``given``: a
+    model the Python API passed (an nn.Module, or a callable returning one)."""
     first, last = devices[0], devices[-1]
+    if given is not None:
+        model = given if isinstance(given, nn.Module) else given()
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model= returned {type(model).__name__}, not a torch.nn.Module")
+        return model.to(first)
+    if cfg.model == "gpt":
+        return GPT(cfg.vocab_size, cfg.width, cfg.depth, cfg.heads, cfg.seq_len).to(first)
     if cfg.model == "toy":
         return ToyModel(cfg.input_dim, cfg.output_dim).to(first)
     if cfg.model == "toy-mp":
@@ -104,14 +159,18 @@ def model_stages(name: str) -> int:
     return 2 if name == "toy-mp" else 1
 
 
-def check_model(cfg: TrainConfig) -> int:
-    """Build the model on the meta device and refuse one DDP cannot train.
+def check_model(cfg: TrainConfig, given: Any = None) -> int:
+    """Build the model on the meta device (a model object the Python API passed is looked
+    at as it is) and refuse one DDP cannot train.
 
     Returns the number of trainable parameters. Runs on the driver, before Ray starts.
     """
     meta = torch.device("meta")
-    with meta:
-        model = build_model(cfg, [meta, meta])
+    if isinstance(given, nn.Module):
+        model = given
+    else:
+        with meta:
+            model = build_model(cfg, [meta, meta], given)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if trainable == 0:
         raise ConfigError(

@@ -19,7 +19,16 @@ from .storage import PROGRESS_FILE, StorageConfig, read_json
 
 def format_progress(p: dict[str, Any]) -> str:
     line = (f"epoch {p['epoch']}/{p['epochs']}  step {p['step']}/{p['total_steps']}  "
-            f"loss {p['loss']:.4f}  {p['samples_per_s']:,.0f} samples/s")
+            f"loss {p['loss']:.4f}")
+    for key, label in (("accuracy", "acc"), ("perplexity", "ppl")):
+        if p.get(key) is not None:
+            line += f"  {label} {p[key]:.4f}"
+    line += f"  {p['samples_per_s']:,.0f} samples/s"
+    if p.get("val_loss") is not None:
+        line += f"  val_loss {p['val_loss']:.4f}"
+        for key, label in (("val_accuracy", "val_acc"), ("val_perplexity", "val_ppl")):
+            if p.get(key) is not None:
+                line += f"  {label} {p[key]:.4f}"
     if p.get("checkpoint"):
         line += f"  saved {p['checkpoint']}"
     return line
@@ -78,7 +87,10 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
 
     def show_new() -> None:
         nonlocal last_time
-        p = read_json(store.fs, path)
+        try:
+            p = read_json(store.fs, path)
+        except ValueError:  # written atomically, so only a file someone else put there
+            return
         if p is None or p["time"] == last_time:
             return
         last_time = p["time"]

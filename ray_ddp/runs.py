@@ -58,10 +58,13 @@ def list_runs(storage: str, now: Optional[float] = None) -> list[RunListing]:
 
 def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunListing]:
     run_path = store.run_path(name)
-    status = read_json(store.fs, f"{run_path}/{STATUS_FILE}")
+    try:
+        status = read_json(store.fs, f"{run_path}/{STATUS_FILE}")
+        progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
+    except ValueError:
+        return None  # not JSON: not a file ray_ddp wrote (it writes them whole)
     if status is None:
         return None  # not a ray_ddp run folder
-    progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
     scan = find_latest_checkpoint(store.fs, run_path)
     state = status["state"]
     last_seen = max(status.get("updated", 0), progress.get("time", 0))

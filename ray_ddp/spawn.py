@@ -13,10 +13,12 @@ The code in the actors (``_Process``) is the only part that runs on the workers.
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -26,12 +28,16 @@ from .config import ConfigError
 from .devices import PlacementConfig
 
 
+DEFAULT_WAIT_S = 900.0  # as `ray-ddp train --wait-for-resources`
+
+
 class ProcessFailed(RuntimeError):
     """A spawned process raised or exited non-zero; ``rank`` says which."""
 
-    def __init__(self, rank: int, message: str, exit_code: Optional[int] = None):
-        super().__init__(f"process {rank} failed: {message}")
-        self.rank, self.exit_code = rank, exit_code
+    def __init__(self, rank: int, message: str, exit_code: Optional[int] = None,
+                 stderr_tail: Sequence[str] = ()):
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank, self.exit_code, self.stderr_tail = rank, exit_code, list(stderr_tail)
 
 
 def device(index: int = 0) -> torch.device:
@@ -46,30 +52,32 @@ def devices() -> list[torch.device]:
     return [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class _Process:
-    """One rank: an actor that sets the env:// variables, then runs the user's code."""
+    """One rank: an actor that sets the env:// variables, then runs the user's code. It is
+    threaded (two calls at once), so the driver can fetch a script's output while it runs."""
 
-    def where(self) -> tuple[str, str, int]:
+    def where(self) -> tuple[str, str]:
         import ray
 
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), _free_port()
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
-    def host_store(self, port: int, world_size: int) -> None:
+    def host_store(self, address: str, world_size: int) -> int:
         """Host the rendezvous TCPStore for the whole group's life, as torchrun's agent
-        does: if rank 0's own process hosted it, a rank still tearing down its process
-        group when rank 0 exits would lose the store and abort."""
+        does (if rank 0's own process hosted it, a rank still tearing down its process
+        group when rank 0 exits would lose the store and abort). It listens on this node's
+        address only, not on every interface; returns its port."""
         from datetime import timedelta
 
         import torch.distributed as dist
 
-        self._store = dist.TCPStore("0.0.0.0", port, world_size, is_master=True,
-                                    timeout=timedelta(minutes=30), wait_for_workers=False)
+        self._socket = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+        self._socket.bind((address, 0))
+        self._socket.listen(128)
+        port = self._socket.getsockname()[1]
+        self._store = dist.TCPStore(address, port, world_size, is_master=True,
+                                    timeout=timedelta(minutes=30), wait_for_workers=False,
+                                    master_listen_fd=self._socket.fileno())
+        return port
 
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
@@ -77,10 +85,43 @@ class _Process:
     def call(self, fn: Callable[..., Any], rank: int, args: tuple) -> Any:
         return fn(rank, *args)
 
-    def run_script(self, argv: list[str], show_output: bool) -> int:
-        """Run an unmodified script as a child process; only rank 0's output is shown."""
-        out = None if show_output else subprocess.DEVNULL
-        return subprocess.call([sys.executable, *argv], stdout=out, stderr=None if show_output else out)
+    def run_script(self, argv: list[str]) -> tuple[int, list[str]]:
+        """Run an unmodified script as a child process; its stdout and stderr lines are
+        kept for ``read_output``. Returns its exit status and the last lines of its stderr
+        (a traceback's end, for the error summary)."""
+        self._lock = threading.Lock()
+        self._lines: list[tuple[str, str]] = []  # (stream, line), in arrival order
+        tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+        child = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, errors="replace", bufsize=1)
+
+        def pump(stream, name: str) -> None:
+            for line in stream:
+                line = line.rstrip("\n")
+                with self._lock:
+                    self._lines.append((name, line))
+                if name == "stderr":
+                    tail.append(line)
+
+        readers = [threading.Thread(target=pump, args=(child.stdout, "stdout"), daemon=True),
+                   threading.Thread(target=pump, args=(child.stderr, "stderr"), daemon=True)]
+        for reader in readers:
+            reader.start()
+        code = child.wait()
+        for reader in readers:
+            reader.join()
+        return code, list(tail)
+
+    def read_output(self, start: int) -> list[tuple[str, str]]:
+        """The script's output lines from index ``start`` on."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return []
+        with lock:
+            return self._lines[start:]
+
+
+TAIL_LINES = 15  # stderr lines of a failed rank shown in the error summary
 
 
 @dataclass
@@ -89,27 +130,40 @@ class _Group:
     placement_group: Any
 
 
-def _start_group(placement: PlacementConfig, runtime_env: dict) -> _Group:
+def _start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -> _Group:
+    """Reserve every process's resources at once (a placement group), waiting at most
+    ``wait_s`` seconds (other work may hold what the preflight saw free), then start the
+    actors and rank 0's rendezvous store."""
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from .preflight import describe_need
 
     bundle = placement.resources_per_worker()
     pg = placement_group([bundle] * placement.workers, strategy="PACK")
-    ray.get(pg.ready())
+    try:
+        ray.get(pg.ready(), timeout=wait_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        raise ConfigError(
+            f"could not place the processes within {wait_s:g} s: the job "
+            f"{describe_need(placement)}, and the cluster's free resources did not hold it; "
+            "free them, lower --workers, or raise --wait-for-resources") from None
     actor_cls = ray.remote(_Process)
     actors = [
         actor_cls.options(
+            max_concurrency=2,  # run_script and read_output at once
             num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=runtime_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
         ).remote()
         for i in range(placement.workers)
     ]
     where = ray.get([a.where.remote() for a in actors])
-    master_addr, master_port = where[0][1], where[0][2]
-    ray.get(actors[0].host_store.remote(master_port, placement.workers))
+    master_addr = where[0][1]
+    master_port = ray.get(actors[0].host_store.remote(master_addr, placement.workers))
     per_node: dict[str, list[int]] = {}
-    for rank, (node, _, _) in enumerate(where):
+    for rank, (node, _) in enumerate(where):
         per_node.setdefault(node, []).append(rank)
     ray.get([
         a.set_env.remote({
@@ -134,16 +188,21 @@ def _stop_group(group: _Group) -> None:
     remove_placement_group(group.placement_group)
 
 
-def _join(refs: Sequence, check: Optional[Callable[[int, Any], None]] = None) -> list[Any]:
+def _join(refs: Sequence, check: Optional[Callable[[int, Any], None]] = None,
+          on_wait: Optional[Callable[[], None]] = None, poll_s: float = 0.2) -> list[Any]:
     """Wait for every rank; on the first failure stop waiting and say which rank failed
     (the others may be blocked in a collective with it and would never finish).
-    ``check(rank, result)`` may raise ProcessFailed for a result that is a failure."""
+    ``check(rank, result)`` may raise ProcessFailed for a result that is a failure;
+    ``on_wait`` is called every ``poll_s`` seconds while ranks are still running."""
     import ray
 
     pending = list(refs)
     results: dict[int, Any] = {}
     while pending:
-        done, pending = ray.wait(pending, num_returns=1)
+        done, pending = ray.wait(pending, num_returns=1, timeout=poll_s if on_wait else None)
+        if not done:
+            on_wait()
+            continue
         ref = done[0]
         rank = refs.index(ref)
         try:
@@ -159,39 +218,81 @@ def _join(refs: Sequence, check: Optional[Callable[[int, Any], None]] = None) ->
 
 
 def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, gpus_per_process: int = 0,
-          address: Optional[str] = None, join: bool = True, max_failures: int = 0) -> list[Any]:
+          address: Optional[str] = None, join: bool = True, max_failures: int = 0,
+          wait_for_resources: float = DEFAULT_WAIT_S) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` processes placed by Ray, like
     ``torch.multiprocessing.spawn``; returns each rank's return value.
 
     An exception in any process is re-raised here as ProcessFailed naming the rank.
     ``max_failures``: restart all processes that many times when one fails.
+    ``wait_for_resources``: seconds to wait for the cluster to hold every process.
     """
     if not join:
         raise ValueError("ray_ddp.spawn supports join=True only (it waits for every process)")
-    from .driver import importable_env
+    from .cluster import importable_env
 
     placement = _placement(nprocs, gpus_per_process)
-    return _run_with_restarts(placement, address, max_failures,
-                              lambda group: [a.call.remote(fn, rank, tuple(args))
-                                             for rank, a in enumerate(group.actors)],
+    return _run_with_restarts(placement, address, max_failures, wait_for_resources,
+                              lambda group: _join([a.call.remote(fn, rank, tuple(args))
+                                                   for rank, a in enumerate(group.actors)]),
                               runtime_env=importable_env(fn.__module__))
 
 
 def launch(argv: list[str], nprocs: int, gpus_per_process: int = 0,
-           address: Optional[str] = None, max_failures: int = 0) -> int:
+           address: Optional[str] = None, max_failures: int = 0,
+           wait_for_resources: float = DEFAULT_WAIT_S) -> int:
     """Run a torchrun-style script in ``nprocs`` processes; returns its exit status
-    (rank 0's, or the first failing rank's)."""
+    (rank 0's, or the first failing rank's). Every rank's output lines are printed here
+    as they come, prefixed ``[rankN]:`` (stdout to stdout, stderr to stderr); a failed
+    rank is named with its error and the last lines of its stderr, as torchrun does."""
     placement = _placement(nprocs, gpus_per_process)
     try:
-        codes = _run_with_restarts(placement, address, max_failures,
-                                   lambda group: [a.run_script.remote(argv, rank == 0)
-                                                  for rank, a in enumerate(group.actors)],
-                                   check_exit_codes=True, show_output=True)
+        results = _run_with_restarts(placement, address, max_failures, wait_for_resources,
+                                     lambda group: _join_scripts(group, argv))
     except ProcessFailed as err:
         print(f"ray-ddp launch: {err}", file=sys.stderr)
+        if err.stderr_tail:
+            print(f"ray-ddp launch: the last lines rank {err.rank} wrote to stderr:", file=sys.stderr)
+            for line in err.stderr_tail:
+                print(f"  [rank{err.rank}]: {line}", file=sys.stderr)
         code = err.exit_code or 1
         return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells say
-    return codes[0]
+    return results[0][0]
+
+
+def _join_scripts(group: _Group, argv: list[str], poll_s: float = 0.2) -> list[tuple[int, list[str]]]:
+    """Run the script on every rank, printing every rank's lines as they come, until all
+    exit 0 or one fails (the others may be blocked in a collective with it)."""
+    import ray
+
+    refs = [a.run_script.remote(argv) for a in group.actors]
+    printed = [0] * len(refs)
+
+    def print_new() -> None:
+        batches = ray.get([a.read_output.remote(n) for a, n in zip(group.actors, printed)])
+        for rank, lines in enumerate(batches):
+            printed[rank] += len(lines)
+            for stream, line in lines:
+                print(f"[rank{rank}]: {line}", file=sys.stdout if stream == "stdout" else sys.stderr,
+                      flush=True)
+
+    def check(rank: int, result: tuple[int, list[str]]) -> None:
+        code, tail = result
+        if code != 0:
+            print_new()  # everything the rank said before the summary
+            said = _error_line(tail)
+            raise ProcessFailed(rank, f"{said}; exited with status {code}" if said else
+                                f"exited with status {code}", exit_code=code, stderr_tail=tail)
+
+    results = _join(refs, check, on_wait=print_new, poll_s=poll_s)
+    print_new()
+    return results
+
+
+def _error_line(tail: Sequence[str]) -> str:
+    """A Python traceback's last line (``RuntimeError: ...``), else the last line at all."""
+    lines = [line for line in tail if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def _placement(nprocs: int, gpus_per_process: int) -> PlacementConfig:
@@ -203,25 +304,19 @@ def _placement(nprocs: int, gpus_per_process: int) -> PlacementConfig:
                            backend="nccl" if gpus_per_process else "gloo")
 
 
-def _exit_code_check(rank: int, code: int) -> None:
-    if code != 0:
-        raise ProcessFailed(rank, f"exited with status {code}", exit_code=code)
-
-
 def _run_with_restarts(placement: PlacementConfig, address: Optional[str], max_failures: int,
-                       submit: Callable[[_Group], list], check_exit_codes: bool = False,
-                       show_output: bool = False, runtime_env: Optional[dict] = None) -> list[Any]:
-    from .driver import attach_ray
+                       wait_s: float, run_group: Callable[[_Group], list],
+                       runtime_env: Optional[dict] = None) -> list[Any]:
+    from .cluster import attach_ray
     from .preflight import ensure_cluster_fits
 
-    with attach_ray(address, verbose=False, local_cpus=placement.workers,
-                    show_worker_output=show_output):
-        ensure_cluster_fits(placement, wait_s=900, echo=lambda line: print(line, file=sys.stderr))
+    with attach_ray(address, verbose=False, local_cpus=placement.workers):
+        ensure_cluster_fits(placement, wait_s=wait_s, echo=lambda line: print(line, file=sys.stderr))
         attempt = 0
         while True:
-            group = _start_group(placement, runtime_env or {})
+            group = _start_group(placement, runtime_env or {}, wait_s)
             try:
-                return _join(submit(group), _exit_code_check if check_exit_codes else None)
+                return run_group(group)
             except ProcessFailed as err:
                 if attempt >= max_failures:
                     raise

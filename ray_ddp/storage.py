@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 from .config import ConfigError
 
 METRICS_FILE = "metrics.parquet"
+EVAL_FILE = "eval.parquet"
 PROGRESS_FILE = "progress.json"
 SUMMARY_FILE = "summary.json"
 STATUS_FILE = "status.json"
@@ -75,19 +77,52 @@ def check_writable(storage: StorageConfig) -> None:
         ) from None
 
 
+class StorageError(RuntimeError):
+    """Run storage failed to read or write a file, again on every retry, or holds a file
+    that cannot be what ray_ddp wrote there. Raised, never guessed around: a table that
+    could not be read must not be replaced by one with only the new rows."""
+
+
+RETRIES = 4  # tries per read or write; transient errors (a dropped S3 connection) pass
+
+
+def _with_retries(what: str, path: str, attempt_fn):
+    """Run ``attempt_fn`` up to RETRIES times with backoff (0.2, 0.4, 0.8 s). A missing
+    file is an answer, not a failure: FileNotFoundError goes straight to the caller."""
+    for attempt in range(RETRIES):
+        try:
+            return attempt_fn()
+        except FileNotFoundError:
+            raise
+        except (OSError, pa.ArrowException) as err:
+            if isinstance(err, pa.ArrowInvalid) or attempt == RETRIES - 1:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise StorageError(f"cannot {what} {path} ({first}); tried {attempt + 1} times") from None
+            time.sleep(0.2 * 2**attempt)
+
+
 def read_json(fs: pafs.FileSystem, path: str) -> Optional[dict[str, Any]]:
-    try:
+    """The JSON object at ``path``; None if there is no such file. Raises ValueError if
+    the file is not JSON, StorageError if it cannot be read."""
+    def attempt():
         with fs.open_input_stream(path) as f:
-            return json.loads(f.read())
-    except (FileNotFoundError, OSError, ValueError):
+            return f.read()
+
+    try:
+        data = _with_retries("read", path, attempt)
+    except FileNotFoundError:
         return None
+    return json.loads(data)
 
 
 def _write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, path)
+    def attempt():
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with fs.open_output_stream(tmp) as f:
+            f.write(data)
+        fs.move(tmp, path)
+
+    _with_retries("write", path, attempt)
 
 
 def write_json(fs: pafs.FileSystem, path: str, obj: dict[str, Any]) -> None:
@@ -101,8 +136,13 @@ def write_table(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
 
 
 def read_table(fs: pafs.FileSystem, path: str) -> Optional[pa.Table]:
-    try:
+    """The parquet table at ``path``; None if there is no such file. Raises StorageError
+    if it cannot be read (after retries) or is not parquet."""
+    def attempt():
         with fs.open_input_file(path) as f:
             return pq.read_table(f)
-    except (FileNotFoundError, OSError, pa.ArrowInvalid):
+
+    try:
+        return _with_retries("read", path, attempt)
+    except FileNotFoundError:
         return None

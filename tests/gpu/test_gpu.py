@@ -82,7 +82,8 @@ def test_two_workers_share_one_gpu_over_gloo(ray_gpu, tmp_path):
                       report_every=5, storage=str(tmp_path), name="shared")
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "resume_from": None},
+        train_loop_config={"config": cfg.to_dict(), "resume_from": None, "newest_at_start": None,
+                           "total_steps": 5},
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=True,
                                      resources_per_worker={"CPU": 1, "GPU": 0.5}),
@@ -96,4 +97,18 @@ def test_compile_and_fp16_on_one_gpu(ray_gpu, tmp_path):
     summary = run(TrainConfig(workers=1, gpus_per_worker=1, amp="fp16", compile=True, epochs=1,
                               steps_per_epoch=20, storage=str(tmp_path), name="compiled", quiet=True))
     state = torch.load(f"{summary.checkpoint}/train_state.pt", weights_only=True)
-    assert state["scaler"]["scale"] > 0 and summary.final_loss < 1.0
+    # the fp16 scaler was on and stepped: its scale is 2^16 halved per overflow, and it has
+    # counted the steps since the last overflow (an off scaler saves an empty state)
+    assert state["scaler"]["scale"] in {2.0**k for k in range(17)}
+    assert state["scaler"]["_growth_tracker"] >= 1 and summary.final_loss < 1.0
+
+
+def test_rng_of_the_workers_own_gpu_only(single_process_group):
+    from ray_ddp.checkpoint import capture_rng, restore_rng
+
+    own = [torch.device("cuda:0")]
+    state = capture_rng(own)
+    assert len(state["cuda"]) == 1  # not one per visible GPU: a resume may have fewer
+    first = torch.randn(4, device="cuda:0")
+    restore_rng(state, own)
+    assert torch.equal(torch.randn(4, device="cuda:0"), first)

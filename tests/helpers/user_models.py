@@ -103,3 +103,58 @@ class SlowOnRankOne(torch.nn.Module):
 
 def slow_on_rank_one() -> nn.Module:
     return SlowOnRankOne()
+
+
+class BatchNormNet(nn.Module):
+    """A user's network with both BatchNorm kinds, as every ResNet has: the 10 inputs are
+    lifted to a 2x4x4 'image' (BatchNorm2d), flattened (BatchNorm1d), then 5 outputs.
+    Its state_dict holds running statistics and 0-dim num_batches_tracked buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.lift = nn.Linear(10, 32)
+        self.bn2d = nn.BatchNorm2d(2)
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+        self.bn1d = nn.BatchNorm1d(32)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x):
+        h = self.conv(torch.relu(self.bn2d(self.lift(x).view(-1, 2, 4, 4))))
+        return self.head(torch.relu(self.bn1d(h.flatten(1))))
+
+
+def batchnorm_net() -> nn.Module:
+    return BatchNormNet()
+
+
+class _InfGrad(torch.autograd.Function):
+    """Identity forward; backward sends infinite gradients."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("inf")
+
+
+class InfGradAt(nn.Module):
+    """ToyModel whose backward at its ``at``-th training step gives infinite gradients: the
+    loss of that step is finite, the weights after its update are not."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+        self.calls, self.at = 0, at
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.net2(self.relu(self.net1(x)))
+        return _InfGrad.apply(out) if self.calls == self.at else out
+
+
+def inf_grad_at_step_10() -> nn.Module:
+    return InfGradAt(10)

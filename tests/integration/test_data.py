@@ -37,3 +37,68 @@ def test_a_user_dataset_is_sharded_and_trained(ray_local, storage):
     assert user_data.BUILT == built + 1  # the driver builds a costly Dataset once, not per check
     assert summary.steps == 2 * 6  # 600 rows / 2 ranks / 50 per step
     assert summary.final_loss < rows_of(summary)[0]["loss"]
+
+
+def test_a_dataset_whose_last_micro_batches_are_empty_trains(ray_local, storage):
+    summary = run(small(storage, "empty-micro", dataset="user_data:hundred_rows", batch_size=16,
+                        grad_accum=3, epochs=1, warmup_steps=0))
+    assert summary.epochs_completed == 1 and summary.steps == 2  # 96 rows, then the last 4
+    assert sum(r["samples"] for r in rows_of(summary)) == 100  # every row once, none padded
+
+
+@pytest.fixture(scope="module")
+def same_rows_as_parquet(tmp_path_factory):
+    """user_data:regression's 600 rows as a parquet file (row groups of 50), so the
+    in-memory, streamed and Dataset paths train on the very same rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import user_data
+
+    x, y = user_data.regression()[:]
+    columns = {f"f{i}": pa.array(x[:, i].numpy()) for i in range(10)}
+    columns.update({f"t{i}": pa.array(y[:, i].numpy()) for i in range(5)})
+    path = tmp_path_factory.mktemp("resize") / "rows.parquet"
+    pq.write_table(pa.table(columns), path, row_group_size=50)
+    return str(path)
+
+
+def model_weights(summary):
+    import torch
+
+    return torch.load(f"{summary.checkpoint}/model.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def unresized(ray_local, storage, same_rows_as_parquet):
+    """3 epochs at 2 workers x 50 rows: the run the resized ones must match."""
+    return run(small(storage, "unresized", data=same_rows_as_parquet, batch_size=50, warmup_steps=0))
+
+
+@pytest.mark.parametrize("path", ["in-memory", "dataset", "streamed"])
+def test_resume_on_another_world_size_keeps_every_epoch_whole(ray_local, storage, same_rows_as_parquet,
+                                                              unresized, path):
+    import torch
+
+    source = {"in-memory": dict(data=same_rows_as_parquet), "dataset": dict(dataset="user_data:regression"),
+              "streamed": dict(data=same_rows_as_parquet, stream=True)}[path]
+    name = f"resized-{path}"
+    # 2 workers for epoch 1, then 1 for epoch 2 (2 -> 1), then 2 again for epoch 3 (1 -> 2);
+    # the global batch stays 100 rows
+    for epochs, workers in ((1, 2), (2, 1), (3, 2)):
+        summary = run(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,
+                            warmup_steps=0, **source))
+    assert summary.epochs_completed == 3 and summary.steps == 18  # 6 steps of 100 rows per epoch
+    rows = rows_of(summary)
+    for epoch, world in ((1, 2), (2, 1), (3, 2)):
+        in_epoch = [r for r in rows if r["epoch"] == epoch]
+        assert {r["world_size"] for r in in_epoch} == {world}
+        assert sum(r["samples"] for r in in_epoch) == 600, "every row once per epoch"
+    weights, reference = model_weights(summary), model_weights(unresized)
+    if path == "streamed":
+        # rank r streams its own contiguous part, so a step's rows depend on the world size
+        assert all(torch.isfinite(w).all() for w in weights.values())
+        assert summary.final_loss < rows[0]["loss"]
+    else:
+        # a step holds the same 100 rows at any world size: the same weights, to float tolerance
+        for key in reference:
+            assert torch.allclose(weights[key], reference[key], atol=1e-5), key

@@ -1,17 +1,37 @@
-"""The tutorial's three demos, each a real run through the trainer."""
+"""The tutorial's three demos, each a real run through the trainer; each claim a demo
+prints is checked here again from the files its runs left."""
 
 import pytest
+import torch
 
+from ray_ddp.checkpoint import MODEL_FILE, weights_hash
 from ray_ddp.demos import run_demo
+from ray_ddp.models import ToyModel, ToyMpModel
+
+from ._runs import final_hashes, rows_of
 
 pytestmark = pytest.mark.ray
+
+
+def saved_hash(checkpoint, model):
+    model.load_state_dict(torch.load(f"{checkpoint}/{MODEL_FILE}", weights_only=True))
+    return weights_hash(model)
 
 
 @pytest.mark.parametrize("name", ["basic", "checkpoint", "model-parallel"])
 def test_demo(ray_local, tmp_path, name):
     result = run_demo(name, workers=2, storage=str(tmp_path), quiet=True)
-    assert result.ok and "all 2 ranks hold identical weights" in result.detail
+    last = result.runs[-1]
+    hashes = final_hashes(rows_of(last))
+    # every rank ended with the same weights, and they are the weights rank 0 saved
+    assert sorted(hashes) == [0, 1] and len(set(hashes.values())) == 1
+    model = ToyMpModel("cpu", "cpu") if name == "model-parallel" else ToyModel()
+    assert saved_hash(last.checkpoint, model) == hashes[0]
+    assert "all 2 ranks hold identical weights" in result.detail
     if name == "checkpoint":
         first, second = result.runs
         assert first.epochs_completed == 1 and second.resumed_from == first.checkpoint
+        # every rank of the second run loaded what the first run's rank 0 saved
+        loaded = {r["rank"]: r["loaded_hash"] for r in rows_of(second) if r["loaded_hash"] is not None}
+        assert loaded == {0: saved_hash(first.checkpoint, ToyModel()), 1: saved_hash(first.checkpoint, ToyModel())}
         assert "every rank loaded rank 0's checkpoint step-00000010" in result.detail

@@ -118,6 +118,46 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous(full_run, storag
     assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
 
 
+def test_corrupt_latest_checkpoint_of_the_right_size_falls_back_to_the_previous(full_run, storage, capsys):
+    name = "bit-flipped"
+    run(small(storage, name, epochs=2))
+    model_pt = storage / name / "step-00000020" / MODEL_FILE
+    data = bytearray(model_pt.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped: only the CRC-32 tells
+    model_pt.write_bytes(bytes(data))
+
+    summary = run(small(storage, name, quiet=False))
+    out = capsys.readouterr().out
+    assert (f"warning: checkpoint step-00000020 of run {name} is unusable: model.pt is corrupt "
+            "(CRC-32 mismatch); resuming from step-00000010 instead") in out
+    assert summary.resumed_from.endswith("step-00000010")
+    # the workers loaded exactly the checkpoint announced: what step-10 holds
+    loaded = {r["loaded_hash"] for r in rows_of(summary) if r["loaded_hash"] is not None}
+    assert loaded == {final_hashes([r for r in rows_of(full_run) if r["step"] <= 10])[0]}
+    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
+
+
+def test_weights_made_infinite_by_an_epochs_last_step_are_never_checkpointed(ray_local, storage):
+    name = "inf-weights"
+    with pytest.raises(TrainingError) as err:  # the loss of step 10 is finite; its update is not
+        run(small(storage, name, model="user_models:inf_grad_at_step_10", clip_grad=0.0))
+    assert ("weights became non-finite (NaN or inf) on ranks 0, 1 in epoch 1 by step 10; no "
+            "checkpoint holds them") in str(err.value)
+    assert not list((storage / name).glob("step-*")), "no checkpoint was written"
+    assert {r.name: r for r in list_runs(str(storage))}[name].state == "failed"
+
+
+def test_status_is_not_left_running_when_the_driver_dies_of_another_error(ray_local, storage):
+    from ray_ddp.storage import StorageError
+
+    name = "driver-error"
+    (storage / name / "progress.json").mkdir(parents=True)  # unreadable: a storage failure
+    with pytest.raises(StorageError, match="progress.json"):
+        run(small(storage, name, quiet=False), echo=lambda line: None)
+    status = json.loads((storage / name / "status.json").read_text())
+    assert status["state"] == "failed" and "StorageError" in status["error"]
+
+
 def test_no_usable_checkpoint_stops_with_one_line(ray_local, storage):
     name = "all-truncated"
     run(small(storage, name, epochs=1, keep=1))
@@ -131,7 +171,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(ray_local, storage):
     with pytest.raises(TrainingError) as err:
         run(small(storage, name, model="user_models:nan_after_13"))
     message = str(err.value)
-    assert "loss became nan on rank 0 in epoch 2 by step 15" in message, message
+    # every rank stops together (none is left waiting in a collective), at the same window
+    assert "loss became non-finite (NaN or inf) on ranks 0, 1 in epoch 2 by step 15" in message, message
     assert {r.name: r for r in list_runs(str(storage))}[name].state == "failed"
     store = resolve_storage(str(storage))
     scan = find_latest_checkpoint(store.fs, store.run_path(name))

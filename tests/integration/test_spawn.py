@@ -43,7 +43,7 @@ def fails_on_rank_one(rank, message):
 
 
 def test_a_failing_rank_is_named(ray_local):
-    with pytest.raises(ProcessFailed, match=r"process 1 failed: ValueError: bad batch") as err:
+    with pytest.raises(ProcessFailed, match=r"rank 1 failed: ValueError: bad batch") as err:
         spawn(fails_on_rank_one, args=("bad batch",), nprocs=2)
     assert err.value.rank == 1
 
@@ -53,10 +53,36 @@ def env_of(rank):
 
 
 def test_each_process_gets_the_env_init_method_variables(ray_local):
+    import psutil
+
     envs = spawn(env_of, nprocs=2)
     assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert sorted(e["LOCAL_RANK"] for e in envs) == ["0", "1"]  # both on the one local node
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+    # the rendezvous store listened on the node's address only, never on every interface
+    # (it lives as long as the group, so look while a group is up)
+    def store_listeners(rank):
+        port = int(os.environ["MASTER_PORT"])
+        return sorted({c.laddr.ip for c in psutil.net_connections("tcp")
+                       if c.status == psutil.CONN_LISTEN and c.laddr.port == port})
+
+    listeners = spawn(store_listeners, nprocs=2)
+    assert listeners[0] == [envs[0]["MASTER_ADDR"]] == ["127.0.0.1"]
+
+
+def test_waiting_for_a_placement_is_bounded(ray_local):
+    from ray_ddp import ConfigError
+    from ray_ddp.devices import PlacementConfig
+    from ray_ddp.spawn import _start_group
+
+    too_big = PlacementConfig(workers=1, gpus_per_worker=0, cpus_per_worker=64, backend="gloo")
+    with pytest.raises(ConfigError, match=r"could not place the processes within 1 s: the job needs "
+                                          r"1 workers x 64 CPU = 64 CPU"):
+        _start_group(too_big, {}, wait_s=1)
+    from ray.util import placement_group_table
+
+    assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values()
+               if pg["bundles"].get(0, {}).get("CPU") == 64), "the unplaced group is removed"
 
 
 def test_launch_runs_an_unmodified_torchrun_script(tmp_path):
@@ -67,7 +93,8 @@ def test_launch_runs_an_unmodified_torchrun_script(tmp_path):
                            os.path.join(EXAMPLES, "torchrun_script.py"), "--steps", "20", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert "step 20 loss" in proc.stdout and "world 2" in proc.stdout  # rank 0's output, streamed
+    assert "[rank0]: step 20 loss" in proc.stdout and "world 2" in proc.stdout  # rank 0's output, streamed
+    assert "[rank1]: rank 1 of 2 ready" in proc.stdout  # and every other rank's, labelled
     weights = torch.load(out, weights_only=True)
     assert set(weights) == {"0.weight", "0.bias", "2.weight", "2.bias"}
 
@@ -76,4 +103,18 @@ def test_launch_reports_the_failing_rank_and_its_status(ray_local, tmp_path, cap
     code = launch([os.path.join(EXAMPLES, "torchrun_script.py"), "--fail-on-rank", "1",
                    "--out", str(tmp_path / "x.pt")], nprocs=2)
     assert code == 3
-    assert "ray-ddp launch: process 1 failed: exited with status 3" in capsys.readouterr().err
+    assert "ray-ddp launch: rank 1 failed: exited with status 3" in capsys.readouterr().err
+
+
+def test_launch_names_the_error_of_a_failed_rank_and_prefixes_every_ranks_lines(ray_local, tmp_path, capsys):
+    code = launch([os.path.join(EXAMPLES, "torchrun_script.py"), "--raise-on-rank", "1",
+                   "--out", str(tmp_path / "x.pt")], nprocs=2)
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert ("ray-ddp launch: rank 1 failed: RuntimeError: injected failure on rank 1; exited "
+            "with status 1") in err
+    # the traceback, as rank 1 wrote it to its stderr, prefixed with its rank
+    assert "[rank1]: Traceback (most recent call last):" in err
+    assert "  [rank1]: RuntimeError: injected failure on rank 1" in err  # in the summary's tail
+    # every rank's stdout reaches the user, each line labelled
+    assert "[rank0]: rank 0 of 2 ready" in out and "[rank1]: rank 1 of 2 ready" in out

@@ -20,6 +20,7 @@ from ray_ddp.storage import resolve_storage
 from ._runs import final_hashes, rows_of, small
 
 pytestmark = pytest.mark.ray
+HELPERS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers")
 
 REQUIRED_COLUMNS = {"epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time"}
 
@@ -166,3 +167,59 @@ def test_attached_cluster_too_small_fails_fast(ray_local, storage):
                                           r"and no autoscaler; lower --workers or add nodes"):
         run(small(storage, "too-many", workers=9))
     assert not (storage / "too-many").exists()
+
+
+def test_batchnorm_model_resumes_bit_identical_and_loads_with_plain_torch(ray_local, storage):
+    bn = dict(model="user_models:batchnorm_net")
+    full = run(small(storage, "bn-full", **bn))
+    run(small(storage, "bn-resumed", epochs=2, **bn))
+    resumed = run(small(storage, "bn-resumed", **bn))
+    assert resumed.resumed_from.endswith("step-00000020")
+    assert final_hashes(rows_of(resumed)) == final_hashes(rows_of(full))  # running stats too
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["ray_ddp"] = None
+        sys.path.insert(0, {HELPERS!r})
+        import torch
+        from user_models import BatchNormNet
+        model = BatchNormNet()
+        model.load_state_dict(torch.load({resumed.checkpoint + '/' + MODEL_FILE!r}, weights_only=True))
+        print(int(model.bn1d.num_batches_tracked), int(model.bn2d.num_batches_tracked),
+              bool(model.bn2d.running_var.ne(1).any()))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["30", "30", "True"]  # one training forward per step, 30 steps
+
+
+def test_a_notebook_ray_is_not_ours_to_fill_on_a_16_core_machine(ray_local, storage, monkeypatch):
+    # the shared Ray has 4 CPUs; a machine reporting 16 cores must not ask for 2 x 8
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    summary = run(small(storage, "sixteen-cores", epochs=1))
+    assert summary.epochs_completed == 1
+    meta = json.loads((storage / "sixteen-cores" / "step-00000010" / META_FILE).read_text())
+    assert meta["config"]["cpus_per_worker"] == 1
+
+
+def test_an_address_other_than_the_ray_this_process_is_attached_to_is_refused(ray_local, storage):
+    import socket
+
+    with socket.socket() as listener:  # something answers there, but it is not our Ray
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(ConfigError, match=rf"Ray is already initialized in this process \(cluster at "
+                                              rf".*\), so --address / RAY_ADDRESS {address} cannot be used"):
+            run(small(storage, "other-cluster", address=address))
+    assert not (storage / "other-cluster").exists()
+
+
+def test_summary_has_both_throughputs(full_run):
+    rows = rows_of(full_run)
+    # wall throughput: every sample over first step to last, so at most the whole process's
+    # rate can be below it, and it is a real rate
+    total = sum(r["samples"] for r in rows)
+    assert total / full_run.wall_time_s < full_run.wall_samples_per_s
+    # and never above the fastest window: the wall time holds every window and the gaps
+    fastest = max(sum(r["samples_per_s"] for r in rows if r["step"] == s) for s in {r["step"] for r in rows})
+    assert full_run.wall_samples_per_s <= fastest
+    assert full_run.samples_per_s > 0

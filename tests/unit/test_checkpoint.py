@@ -138,3 +138,13 @@ def test_pickled_objects_are_refused(tmp_path):
     torch.save({"net1.weight": Payload()}, tmp_path / MODEL_FILE)
     with pytest.raises(CheckpointError, match="holds pickled objects, not just tensors"):
         load_checkpoint(str(tmp_path), ToyModel(), torch.optim.SGD(ToyModel().parameters(), lr=0.1))
+
+
+def test_weights_hash_covers_batchnorm_buffers():
+    # BatchNorm's num_batches_tracked is a 0-dim int64 buffer; the running statistics are
+    # part of what ranks must agree on, so a change in them changes the fingerprint
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    before = weights_hash(net)
+    net.train()
+    net(torch.randn(8, 4))  # updates running_mean/var and num_batches_tracked only
+    assert weights_hash(net) != before

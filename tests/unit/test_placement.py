@@ -12,12 +12,12 @@ from ray_ddp.devices import plan_placement
     ([1], None, 1, 1, 1, "nccl"),        # one GPU
     ([2], None, 1, 2, 1, "nccl"),
     ([8], None, 1, 8, 1, "nccl"),        # one 8-GPU box: 8 workers
-    ([8], 2, 1, 4, 2, "nccl"),           # pairs: half of them
+    ([8], 2, 2, 4, 2, "nccl"),           # pairs for a two-stage model: half of them
     ([8], None, 2, 4, 2, "nccl"),        # toy-mp defaults to a pair
     ([1], None, 2, 1, 1, "nccl"),        # toy-mp on a 1-GPU node: both stages on it
-    ([2], 2, 1, 1, 2, "nccl"),
+    ([2], 2, 2, 1, 2, "nccl"),
     ([8, 8], 1, 1, 16, 1, "nccl"),
-    ([3, 3], 2, 1, 2, 2, "nccl"),        # a pair never straddles nodes: 1 per node
+    ([3, 3], 2, 2, 2, 2, "nccl"),        # a pair never straddles nodes: 1 per node
     ([8], 0, 1, 2, 0, "gloo"),           # CPU asked for on a GPU box
 ])
 def test_default_workers_and_backend(node_gpus, gpw, stages, workers, want_gpw, backend):
@@ -34,7 +34,14 @@ def test_explicit_workers_and_backend_override():
 
 def test_pair_on_one_gpu_nodes_is_refused():
     with pytest.raises(ConfigError, match="needs a node with 2 GPUs"):
-        plan_placement(None, 2, None, [1, 1])
+        plan_placement(None, 2, None, [1, 1], stages=2)
+
+
+def test_pair_for_a_one_stage_model_is_refused():
+    # its targets would go to the pair's second GPU while the outputs stay on the first
+    with pytest.raises(ConfigError, match=r"--gpus-per-worker 2 gives each worker a GPU per model "
+                                          r"stage, and this model has 1 stage; use --gpus-per-worker 1"):
+        plan_placement(None, 2, None, [8], stages=1)
 
 
 def test_nccl_without_gpus_is_refused():
@@ -47,7 +54,7 @@ from ray_ddp.preflight import UNLIMITED, autoscaler_slots, count_slots, describe
 
 
 def test_slots_need_every_gpu_of_a_worker_on_one_node():
-    pair = plan_placement(None, 2, None, [8])
+    pair = plan_placement(None, 2, None, [8], stages=2)
     assert count_slots([{"CPU": 16, "GPU": 8}], pair) == 4
     assert count_slots([{"CPU": 8, "GPU": 1}, {"CPU": 8, "GPU": 1}], pair) == 0
     assert count_slots([{"CPU": 2, "GPU": 8}], pair) == 2  # CPUs bound it too
@@ -67,7 +74,7 @@ def test_shortfall_lines_name_the_numbers():
     p = plan_placement(8, 1, None, [0])
     assert describe_need(p) == "needs 8 workers x 1 GPU = 8 GPU"
     assert describe_have([{"CPU": 4}], p) == "the cluster has 0 GPU"
-    pair = plan_placement(2, 2, None, [2])
+    pair = plan_placement(2, 2, None, [2], stages=2)
     one_each = [{"CPU": 4, "GPU": 1}] * 4
     assert describe_have(one_each, pair) == "the cluster has 4 GPU but not 2 on one node for each worker"
 

@@ -91,3 +91,20 @@ def test_parts_differ_by_at_most_one_row():
 def test_stream_needs_parquet():
     with pytest.raises(ConfigError, match="--stream reads parquet"):
         TrainConfig(stream=True).validate()
+
+
+def test_a_hundred_thousand_row_groups_are_placed_in_well_under_a_second():
+    # where each row group starts in an epoch's stream: linear in the number of groups
+    import time
+
+    groups = [(f"part-{g // 1000:05d}.parquet", g % 1000, 10) for g in range(100_000)]
+    rows = {}
+
+    def read(path, row_group):
+        rows["read"] = rows.get("read", 0) + 1
+        return torch.zeros(10, 1), torch.zeros(10, 1)
+
+    src = StreamSource(groups, read, seed=0, rank=1, world=2, batch_size=8, grad_accum=1)
+    started = time.perf_counter()
+    x, _, _ = src.micro_batch(epoch=0, step=0, micro=0)
+    assert time.perf_counter() - started < 1.0 and len(x) == 8 and rows["read"] == 1

@@ -1,0 +1,146 @@
+"""What the data decides for a run, checked on the driver before Ray starts (a mistake
+costs seconds and gets one line): the task, the model's input and output sizes, the rows
+of an epoch and of validation, and so the steps per epoch. A user's Dataset is built (or
+looked at) once here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .config import ConfigError, TrainConfig
+
+
+@dataclass(frozen=True)
+class DataShapeConfig:
+    """What the data decides: training rows, the model's sizes, the task (and its classes
+    or vocabulary), and the validation rows (0 without validation)."""
+
+    rows: int
+    input_dim: int
+    output_dim: int
+    task: str
+    num_classes: Optional[int] = None
+    val_rows: int = 0
+
+
+def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None) -> Optional[DataShapeConfig]:
+    """Check the training and validation data; None for synthetic regression data."""
+    shape = _inspect_training(cfg, train_data)
+    if shape is None:
+        if cfg.task not in (None, "regression"):
+            raise ConfigError(f"--task {cfg.task} needs data: give --data, --dataset or train_data=")
+        if cfg.val_fraction:
+            raise ConfigError("--val-fraction splits --data or --dataset rows; synthetic data "
+                              "has none to hold out (give --val-data)")
+        shape = DataShapeConfig(0, cfg.input_dim, cfg.output_dim, "regression")
+        synthetic = True
+    else:
+        synthetic = False
+    val_rows = _inspect_validation(cfg, shape, val_data)
+    shape = dataclasses.replace(shape, val_rows=val_rows)
+    return None if synthetic and not val_rows else shape
+
+
+def _inspect_training(cfg: TrainConfig, train_data: Any) -> Optional[DataShapeConfig]:
+    if train_data is not None or cfg.dataset is not None:
+        from .datasets import check_dataset, load_user_dataset
+
+        ds = check_dataset(train_data, "train_data=") if train_data is not None else load_user_dataset(cfg.dataset)
+        return _dataset_shape(cfg, ds)
+    if cfg.data == "synthetic":
+        return None
+    return _table_shape(cfg, cfg.data)
+
+
+def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
+    from .datasets import inspect_table, is_text, read_text_bytes
+
+    task = cfg.task or ("lm" if cfg.model == "gpt" or is_text(path) else None)
+    if task == "lm" and is_text(path):
+        size = len(read_text_bytes(path))
+        rows = (size - 1) // cfg.seq_len
+        if rows < 1:
+            raise ConfigError(f"--data {path} holds {size} bytes, not one window of --seq-len "
+                              f"{cfg.seq_len} + 1; give more text or a shorter --seq-len")
+        return DataShapeConfig(rows, cfg.seq_len, 256, "lm", num_classes=256)
+    table = inspect_table(path, cfg.features, cfg.target, task)
+    if table.task == "lm":
+        if table.input_dim < cfg.seq_len + 1:
+            raise ConfigError(f"--data {path}: the shortest sequence has {table.input_dim} tokens; "
+                              f"--seq-len {cfg.seq_len} needs {cfg.seq_len + 1}; lower --seq-len")
+        return DataShapeConfig(table.rows, cfg.seq_len, table.num_classes, "lm", table.num_classes)
+    classes = cfg.num_classes or table.num_classes
+    if table.task == "classification" and cfg.num_classes and cfg.num_classes < table.num_classes:
+        raise ConfigError(f"--data {path} has labels up to {table.num_classes - 1}, more than "
+                          f"--num-classes {cfg.num_classes} allows; raise --num-classes")
+    out = classes if table.task == "classification" else table.output_dim
+    return DataShapeConfig(table.rows, table.input_dim, out, table.task, classes)
+
+
+def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
+    """A Dataset's first item says the sizes; an integer scalar target makes it classification."""
+    import torch
+
+    x, y = ds[0]
+    y_t = torch.as_tensor(y) if isinstance(y, (int, float, torch.Tensor)) else None
+    integer_label = y_t is not None and y_t.dim() == 0 and not torch.is_floating_point(y_t)
+    task = cfg.task or ("classification" if integer_label else "regression")
+    classes = cfg.num_classes
+    builtin = ":" not in cfg.model and cfg.model != "gpt"
+    if task == "classification" and classes is None and builtin:
+        # a built-in model needs the class count for its output layer: every label once
+        classes = 1 + max(int(ds[i][1]) for i in range(len(ds)))
+    input_dim = _numel(x) if isinstance(x, torch.Tensor) or isinstance(x, (int, float)) else cfg.input_dim
+    output_dim = classes if task == "classification" and classes else (
+        _numel(y) if y_t is not None else cfg.output_dim)
+    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes)
+
+
+def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> int:
+    if val_data is not None:
+        from .datasets import check_dataset
+
+        return len(check_dataset(val_data, "val_data="))
+    if cfg.val_data is not None:
+        val = _table_shape(dataclasses.replace(cfg, task=shape.task), cfg.val_data)
+        if (val.input_dim, val.task) != (shape.input_dim, shape.task):
+            raise ConfigError(f"--val-data {cfg.val_data} does not match the training data "
+                              f"({val.task} with {val.input_dim} inputs, the training data is "
+                              f"{shape.task} with {shape.input_dim}); give validation rows of the same columns")
+        return val.rows
+    if cfg.val_fraction:
+        held = max(1, round(cfg.val_fraction * shape.rows))
+        if held >= shape.rows:
+            raise ConfigError(f"--val-fraction {cfg.val_fraction} of {shape.rows} rows leaves none to train on")
+        return held
+    return 0
+
+
+def fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig], workers: int) -> TrainConfig:
+    """The config with what the data decides: the task, the model's sizes, and the steps
+    per epoch (one pass over the training rows, which depends on the world size)."""
+    from .data import steps_for_rows, stream_steps
+
+    if shape is None:
+        return dataclasses.replace(cfg, task=cfg.task or "regression")
+    rows = shape.rows - (shape.val_rows if cfg.val_fraction else 0)
+    changes: dict[str, Any] = dict(task=shape.task)
+    if rows:  # training rows from data (not synthetic)
+        steps = stream_steps if cfg.stream else steps_for_rows
+        changes.update(input_dim=shape.input_dim, output_dim=shape.output_dim,
+                       steps_per_epoch=steps(rows, workers, cfg.batch_size, cfg.grad_accum))
+    if shape.task == "classification" and shape.num_classes:
+        changes["num_classes"] = shape.num_classes
+    if shape.task == "lm" and shape.num_classes and cfg.model == "gpt" and shape.num_classes > cfg.vocab_size:
+        raise ConfigError(f"the data's token ids go up to {shape.num_classes - 1}; --vocab-size "
+                          f"{cfg.vocab_size} is too small; pass --vocab-size {shape.num_classes}")
+    return dataclasses.replace(cfg, **changes)
+
+
+def _numel(value: Any) -> int:
+    import torch
+
+    return int(torch.as_tensor(value).numel())
