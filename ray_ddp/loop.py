@@ -4,8 +4,12 @@
 joined the worker to the process group (NCCL or gloo) and given it its devices. The
 loop rebuilds the config from the dict the driver shipped, builds the model on those
 devices, loads the latest checkpoint into the bare model (before DDP wraps it, so no
-``module.`` prefix is involved), trains, and reports. Every rank calls
+``module.`` prefix is involved), trains, validates, and reports. Every rank calls
 ``ray.train.report`` at exactly the same steps: report() is a barrier.
+
+Three jobs are kept apart: the step (``_WorkerRun``; a ``Task`` decides the loss, the
+metrics and how a batch reaches the device), the reporting to Ray (``Reporter``), and
+rank 0's checkpoint writer (``CheckpointWriter``, inside the reporter).
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from .config import TrainConfig
 from .devices import peak_memory_mb, wrap_ddp
 from .inputs import ValSet, build_inputs
 from .models import build_model, load_callable
-from .storage import resolve_storage
 from .reporting import Reporter
+from .storage import resolve_storage
 from .tasks import Task, batch_rows, build_task, forward, to_device
 
 

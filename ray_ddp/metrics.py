@@ -120,6 +120,8 @@ class MetricsCallback(UserCallback):
         if self.tensorboard:
             for window in windows:
                 self._write_tensorboard(store.path_on_disk(self.name), window)
+            if progress["step"] >= self.total_steps:
+                self._close_tensorboard()
         if checkpoint is not None:
             write_table(store.fs, f"{run_path}/{METRICS_FILE}",
                         pa.Table.from_pylist(self._rows, schema=SCHEMA))
@@ -128,6 +130,16 @@ class MetricsCallback(UserCallback):
                             pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
             if self.keep_best:
                 prune_checkpoints(store.fs, run_path, self.keep, self._evals)
+
+    def after_exception(self, run_context, worker_exceptions) -> None:
+        self._close_tensorboard()
+
+    def _close_tensorboard(self) -> None:
+        """tensorboardX writes from a queue in a thread; flush() does not drain the queue,
+        close() does: without it the last report's events are lost with the controller."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
     def _write_tensorboard(self, run_dir: str, metrics: list[dict[str, Any]]) -> None:
         if self._tb is None:
@@ -179,6 +191,12 @@ def _write_tensorboard_rows(writer, metrics: list[dict[str, Any]]) -> None:
         for key in ("loss", "samples_per_s", "step_time_s", "busy_s"):
             writer.add_scalar(f"{key}/rank_{m['rank']}", m[key], step)
     writer.add_scalar("loss/mean", sum(m["loss"] for m in metrics) / len(metrics), step)
+    for key in ("accuracy", "perplexity"):
+        if metrics[0].get(key) is not None:
+            writer.add_scalar(f"{key}/mean", sum(m[key] for m in metrics) / len(metrics), step)
+    for key in ("val_loss", "val_accuracy", "val_perplexity"):  # the same on every rank
+        if metrics[0].get(key) is not None:
+            writer.add_scalar(f"validation/{key[4:]}", metrics[0][key], step)
     writer.add_scalar("samples_per_s/total", sum(m["samples_per_s"] for m in metrics), step)
     writer.flush()
 

@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 from .checkpoint import find_latest_checkpoint
 from .config import ConfigError
-from .storage import (METRICS_FILE, PROGRESS_FILE, STATUS_FILE, StorageConfig, read_json,
-                      read_table, resolve_storage)
+from .storage import (EVAL_FILE, METRICS_FILE, PROGRESS_FILE, STATUS_FILE, StorageConfig, StorageError,
+                      read_json, read_table, resolve_storage)
 
 # A run whose driver said "running" but that has reported nothing for this long is shown
 # as "lost": its driver died without saying so (SIGKILL, a lost machine).
@@ -60,11 +60,14 @@ def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunLis
     run_path = store.run_path(name)
     try:
         status = read_json(store.fs, f"{run_path}/{STATUS_FILE}")
-        progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
-    except ValueError:
-        return None  # not JSON: not a file ray_ddp wrote (it writes them whole)
+    except (ValueError, StorageError):
+        return None  # not a status ray_ddp wrote (it writes them whole), or unreadable
     if status is None:
         return None  # not a ray_ddp run folder
+    try:
+        progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
+    except (ValueError, StorageError):
+        progress = {}  # the listing shows what it can
     scan = find_latest_checkpoint(store.fs, run_path)
     state = status["state"]
     last_seen = max(status.get("updated", 0), progress.get("time", 0))
@@ -150,7 +153,12 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     ax.plot(steps, [sum(v) / len(v) for v in losses], label="mean over ranks")
     ax.fill_between(steps, [min(v) for v in losses], [max(v) for v in losses], alpha=0.3,
                     label="min-max over ranks")
-    ax.set(xlabel="step", ylabel="loss", title=f"{name}: training loss")
+    evals = read_table(store.fs, f"{run_path}/{EVAL_FILE}")
+    if evals is not None and evals.num_rows:  # validation beside training
+        ax.plot(evals.column("step").to_pylist(), evals.column("loss").to_pylist(), "o-",
+                label="validation")
+    ax.set(xlabel="step", ylabel="loss", title=f"{name}: training and validation loss"
+           if evals is not None else f"{name}: training loss")
     ax.legend()
     save(fig, "loss.png")
     for column, ylabel, filename in (

@@ -273,13 +273,14 @@ def _join_scripts(group: _Group, argv: list[str], poll_s: float = 0.2) -> list[t
         for rank, lines in enumerate(batches):
             printed[rank] += len(lines)
             for stream, line in lines:
-                print(f"[rank{rank}]: {line}", file=sys.stdout if stream == "stdout" else sys.stderr,
+                print(_with_rank(rank, line), file=sys.stdout if stream == "stdout" else sys.stderr,
                       flush=True)
 
     def check(rank: int, result: tuple[int, list[str]]) -> None:
         code, tail = result
         if code != 0:
             print_new()  # everything the rank said before the summary
+            tail = [_without_rank(rank, line) for line in tail]
             said = _error_line(tail)
             raise ProcessFailed(rank, f"{said}; exited with status {code}" if said else
                                 f"exited with status {code}", exit_code=code, stderr_tail=tail)
@@ -287,6 +288,17 @@ def _join_scripts(group: _Group, argv: list[str], poll_s: float = 0.2) -> list[t
     results = _join(refs, check, on_wait=print_new, poll_s=poll_s)
     print_new()
     return results
+
+
+def _with_rank(rank: int, line: str) -> str:
+    """``[rankN]: line``; PyTorch's own excepthook already prefixes a traceback so (after
+    init_process_group), and the prefix is not doubled."""
+    return line if line.startswith(f"[rank{rank}]:") else f"[rank{rank}]: {line}"
+
+
+def _without_rank(rank: int, line: str) -> str:
+    prefix = f"[rank{rank}]: "
+    return line[len(prefix):] if line.startswith(prefix) else line
 
 
 def _error_line(tail: Sequence[str]) -> str:

@@ -62,7 +62,8 @@ class Task:
 
     def sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         out = output.float()
-        per_row = (out - target.float()).pow(2).reshape(len(out), -1).mean(dim=1)
+        squared = (out - target.float()).pow(2)
+        per_row = squared.flatten(1).mean(dim=1) if squared.dim() > 1 else squared
         return {"loss": per_row.sum(), "units": torch.tensor(float(len(out)), device=out.device)}
 
     def metrics(self, totals: dict[str, float]) -> dict[str, Optional[float]]:
@@ -127,7 +128,13 @@ class UserLossTask(Task):
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise TypeError(f"the loss function must return a scalar tensor, got "
                             f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
-        return {"loss": loss.float() * rows, "units": torch.tensor(float(rows), device=loss.device)}
+        sums = {"loss": loss.float() * rows, "units": torch.tensor(float(rows), device=loss.device)}
+        if self.metric == "accuracy":  # the task's metric still counts
+            sums["correct"] = (output.argmax(dim=-1) == target).sum().float()
+        return sums
+
+    def metrics(self, totals):
+        return self.base.metrics(totals)
 
 
 def _zero_like_graph(output: Any) -> torch.Tensor:

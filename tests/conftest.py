@@ -16,6 +16,12 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 # 2 s late; with ~30 short runs in the suite, polling faster saves about a minute.
 os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.5"
 
+# The suite must pass on any machine, and in-process runs must not size themselves from
+# the machine when Ray was already running (a notebook's ray.init, the shared Ray below):
+# this process reports 16 cores, so a default taken from the machine would ask the 4-CPU
+# Ray for 2 x 8 CPUs and fail. Subprocesses (the CLI runs) see the real machine.
+os.cpu_count = lambda: 16
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 # tests/helpers holds user models/datasets that workers import as package.module:callable;
 # Ray ships the driver's sys.path to its workers, so this reaches them too.

@@ -112,3 +112,18 @@ def test_rng_of_the_workers_own_gpu_only(single_process_group):
     first = torch.randn(4, device="cuda:0")
     restore_rng(state, own)
     assert torch.equal(torch.randn(4, device="cuda:0"), first)
+
+
+def test_sync_batchnorm_and_a_classifier_on_one_gpu(ray_gpu, tmp_path):
+    import sys
+
+    from ray_ddp.datasets import write_synthetic
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers"))
+    write_synthetic(str(tmp_path / "cls"), rows=2000, features=10, targets=1, task="classification", classes=5)
+    summary = run(TrainConfig(workers=1, gpus_per_worker=1, model="user_models:batchnorm_net",
+                              data=str(tmp_path / "cls"), num_classes=5, sync_batchnorm=True,
+                              val_fraction=0.2, epochs=2, batch_size=64, storage=str(tmp_path),
+                              name="syncbn", quiet=True))
+    weights = torch.load(f"{summary.checkpoint}/{MODEL_FILE}", weights_only=True)
+    assert "bn1d.running_mean" in weights and summary.val_accuracy is not None

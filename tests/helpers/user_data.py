@@ -20,3 +20,29 @@ def hundred_rows() -> TensorDataset:
     """100 rows: with 2 workers x 16 x 3 accumulation steps the last step has 4 rows for 6
     micro-batches, so some micro-batches are empty."""
     return TensorDataset(*regression()[:100])
+
+
+class DictRows(torch.utils.data.Dataset):
+    """Items as a user's pipeline makes them: ({"x": features, "bias": offset}, target),
+    float64 as numpy gives (ray_ddp hands the model float32)."""
+
+    def __init__(self):
+        x, y = regression()[:]
+        self.x, self.y = x.double(), y.double()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "bias": self.x[i, 0] * 0.0}, self.y[i]
+
+
+def dict_rows() -> DictRows:
+    return DictRows()
+
+
+
+def collate_dicts(items):
+    """A user's collate: stack the dict fields and targets itself."""
+    inputs = {k: torch.stack([item[0][k] for item in items]) for k in items[0][0]}
+    return inputs, torch.stack([item[1] for item in items])

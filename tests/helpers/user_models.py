@@ -158,3 +158,46 @@ class InfGradAt(nn.Module):
 
 def inf_grad_at_step_10() -> nn.Module:
     return InfGradAt(10)
+
+
+class DictBatchNormNet(nn.Module):
+    """A user's model whose forward takes a dict ({"x": features, "bias": per-row offset})
+    and holds BatchNorm; it takes ~0.1 s a step and leaves its pid like SlowToy, so a test
+    can kill a worker mid-run."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(10, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.out = nn.Linear(16, 5)
+        self._pid_written = False
+
+    def forward(self, batch):
+        if not self._pid_written:
+            _write_pid()
+            self._pid_written = True
+        import time
+
+        time.sleep(0.1)
+        return self.out(torch.relu(self.bn(self.inp(batch["x"])))) + batch["bias"].unsqueeze(1)
+
+
+def dict_batchnorm_net() -> nn.Module:
+    return DictBatchNormNet()
+
+
+class UnusedBranch(nn.Module):
+    """A forward that never touches one of its layers (as a model with an optional head
+    does): DDP needs --find-unused-parameters for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(10, 5)
+        self.unused = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def unused_branch() -> nn.Module:
+    return UnusedBranch()

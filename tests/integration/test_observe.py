@@ -62,14 +62,20 @@ def tensorboard_tags(run_dir) -> set[str]:
     return tags
 
 
-def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(ray_local, storage):
+def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(ray_local, storage, tmp_path):
+    from ray_ddp.datasets import write_synthetic
+
+    write_synthetic(str(tmp_path / "val"), rows=50, features=10, targets=5)  # synthetic's shape
     lines = []
     summary = run(small(storage, "straggler", model="user_models:slow_on_rank_one", epochs=1,
-                        report_every=2, tensorboard=True, quiet=False), echo=lines.append)
+                        report_every=2, tensorboard=True, quiet=False, val_data=str(tmp_path / "val")),
+                  echo=lines.append)
+    assert any("  val_loss " in line for line in lines), lines  # validation in the progress line
     warnings = [l for l in lines if l.startswith("warning: rank 1 is straggling")]
     assert len(warnings) == 1, lines
     report = write_report(str(storage), "straggler")
     assert report.slowest_rank == 1 and report.slowest_step_time_s > 1.5 * report.median_step_time_s
     tags = tensorboard_tags(storage / "straggler")
-    assert {"loss/rank_0", "loss/rank_1", "loss/mean", "samples_per_s/total", "busy_s/rank_1"} <= tags
+    assert {"loss/rank_0", "loss/rank_1", "loss/mean", "samples_per_s/total", "busy_s/rank_1",
+            "validation/loss"} <= tags
     assert summary.epochs_completed == 1

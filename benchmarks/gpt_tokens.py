@@ -1,0 +1,104 @@
+"""Tokens/s of the ``gpt`` task: ray-ddp against plain PyTorch DDP under torchrun, the
+same model and the same batches, side by side in one run (rounds alternate the order;
+the table shows medians and each round's figures).
+
+Both arms train ray_ddp's GPT on a token table written by ``ray-ddp data synth --task lm``
+for --warmup + --steps steps of --batch-size sequences per worker; the clock runs from the
+end of step --warmup to the end of the last step (ray-ddp: its metrics rows at those
+steps; torchrun: rank 0's own clock).
+
+    python benchmarks/gpt_tokens.py                     # 2 CPU workers, small sizes
+    python benchmarks/gpt_tokens.py --width 512 --depth 8 --seq-len 256 --batch-size 32   # a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def sizes(args) -> list[str]:
+    return ["--width", str(args.width), "--depth", str(args.depth), "--heads", str(args.heads),
+            "--seq-len", str(args.seq_len), "--vocab-size", str(args.vocab_size),
+            "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
+
+
+def run_arm(arm: str, args, data: str) -> float:
+    """One round of one arm: its tokens/s over the timed steps."""
+    out = tempfile.mkdtemp(prefix=f"bench_gpt_{arm}_")
+    total = args.warmup + args.steps
+    if arm == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={args.workers}", os.path.join(HERE, "gpt_workload.py"), "--data", data,
+               "--out", out, *sizes(args), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    else:
+        cmd = [sys.executable, "-m", "ray_ddp", "train", "--data", data, "--task", "lm", "--model", "gpt",
+               *sizes(args), "--optimizer", "adamw", "--epochs", "1", "--workers", str(args.workers),
+               "--report-every", str(args.warmup), "--storage", out, "--name", "run", "--quiet", "--json"]
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    if arm == "torchrun":
+        rank0 = json.load(open(os.path.join(out, "rank_0.json")))
+        seconds = rank0["end_at"] - rank0["warm_at"]
+    else:
+        import pyarrow.parquet as pq
+
+        rows = [r for r in pq.read_table(os.path.join(out, "run", "metrics.parquet")).to_pylist() if r["rank"] == 0]
+        at = {r["step"]: r["time"] for r in rows}
+        seconds = at[total] - at[args.warmup]
+    shutil.rmtree(out, ignore_errors=True)
+    return args.workers * args.batch_size * args.seq_len * args.steps / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--vocab-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per worker per step")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps, a multiple of --warmup")
+    parser.add_argument("--lr", type=float, default=0.001)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.steps % args.warmup:
+        raise SystemExit("--steps must be a multiple of --warmup (ray-ddp's clock reads its metrics rows)")
+    from ray_ddp.datasets import write_synthetic
+
+    data = tempfile.mkdtemp(prefix="bench_gpt_data_")
+    # exactly one epoch of steps, so ray-ddp's derived steps per epoch equal the arms' steps
+    rows = args.workers * args.batch_size * (args.warmup + args.steps)
+    write_synthetic(data, rows=rows, features=1, targets=1, task="lm", seq_len=args.seq_len,
+                    vocab_size=args.vocab_size)
+    results: dict[str, list[float]] = {"torchrun": [], "ray-ddp": []}
+    for round_no in range(args.rounds):
+        arms = ["torchrun", "ray-ddp"] if round_no % 2 == 0 else ["ray-ddp", "torchrun"]
+        for arm in arms:
+            results[arm].append(run_arm(arm, args, data))
+            print(f"round {round_no + 1}/{args.rounds} {arm}: {results[arm][-1]:,.0f} tokens/s", flush=True)
+    shutil.rmtree(data, ignore_errors=True)
+    base = statistics.median(results["torchrun"])
+    print(f"\ngpt {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
+          f"{args.batch_size} sequences/worker, {args.workers} workers, {os.cpu_count()} CPUs")
+    print("| arm | tokens/s (median) | x torchrun | rounds |")
+    print("|---|---|---|---|")
+    for arm in ("torchrun", "ray-ddp"):
+        med = statistics.median(results[arm])
+        print(f"| {arm} | {med:,.0f} | {med / base:.3f} | {', '.join(f'{v:,.0f}' for v in results[arm])} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Real tasks on real Ray: a classifier with validation, a user's model with dict inputs
+and BatchNorm, a language model on real text, the Python API with objects defined only
+in the calling script, and models whose forward skips parameters."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from ray_ddp import TrainingError, run
+from ray_ddp.datasets import write_synthetic
+from ray_ddp.models import build_mlp
+
+from ._runs import rows_of, small
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory):
+    """4 classes of a teacher network's argmax over 8 features; 3000 rows."""
+    path = tmp_path_factory.mktemp("cls") / "set"
+    write_synthetic(str(path), rows=3000, features=8, targets=1, task="classification", classes=4, seed=2)
+    return str(path)
+
+
+def model_weights(summary):
+    return torch.load(f"{summary.checkpoint}/model.pt", weights_only=True)
+
+
+def test_classifier_learns_far_above_chance_whatever_the_split(ray_local, storage, classes):
+    common = dict(data=classes, model="mlp", width=32, depth=1, epochs=2, optimizer="adamw", lr=0.01,
+                  val_fraction=0.2, warmup_steps=0, report_every=5)
+    two = run(small(storage, "cls-2x128", workers=2, batch_size=128, **common))
+    one = run(small(storage, "cls-1x256", workers=1, batch_size=256, **common))
+    assert two.task == "classification" and two.steps == 2 * 10  # 2400 training rows / 256
+    assert two.val_accuracy > 0.75, two.val_accuracy  # 4 classes: chance is 0.25
+    evals = pq.read_table(f"{two.path}/eval.parquet").to_pylist()
+    assert [(r["epoch"], r["samples"]) for r in evals] == [(1, 600), (2, 600)]  # the held-out 20%
+    assert evals[-1]["loss"] == two.val_loss and evals[-1]["accuracy"] == two.val_accuracy
+    assert all(0 <= r["accuracy"] <= 1 for r in rows_of(two))  # every training window too
+    # cross-entropy is the exact mean over the global batch: 1 x 256 and 2 x 128 agree
+    a, b = model_weights(one), model_weights(two)
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-4), key
+
+
+def test_validation_counts_every_row_once_on_3_workers_and_keeps_the_best(ray_local, storage, classes,
+                                                                           tmp_path):
+    # 100 validation rows (not a multiple of 3) whose labels are shuffled: as training fits
+    # the training rows, validation gets worse, so the best checkpoint is an early one
+    table = pq.read_table(classes).slice(0, 100)
+    g = torch.Generator().manual_seed(5)
+    shuffled = torch.tensor(table.column("t0").to_pylist())[torch.randperm(100, generator=g)]
+    val = tmp_path / "val.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("t0"), "t0", pa.array(shuffled.numpy())), val)
+
+    summary = run(small(storage, "val-3", data=classes, val_data=str(val), workers=3, model="mlp",
+                        width=32, depth=1, batch_size=100, optimizer="adamw", lr=0.01, keep=1,
+                        keep_best=True, warmup_steps=0))
+    evals = pq.read_table(f"{summary.path}/eval.parquet").to_pylist()
+    assert [r["samples"] for r in evals] == [100, 100, 100]
+    # the figure is the exact mean over the 100 rows: the final model, on the driver
+    model = build_mlp(8, 4, 32, 1)
+    model.load_state_dict(model_weights(summary))
+    x = torch.stack([torch.tensor(table.column(f"f{i}").to_pylist()) for i in range(8)], dim=1).float()
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(x), shuffled).item()
+    assert abs(evals[-1]["loss"] - want) < 1e-5
+    # --keep 1 --keep-best: the newest, and the one with the lowest validation loss
+    best = min(evals, key=lambda r: r["loss"])["step"]
+    kept = sorted(p for p in os.listdir(summary.path) if p.startswith("step-"))
+    assert kept == sorted({f"step-{best:08d}", f"step-{evals[-1]['step']:08d}"})
+    assert summary.best_checkpoint == f"{summary.path}/step-{best:08d}"
+    assert summary.best_val_loss == min(r["loss"] for r in evals)
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    """Real English text that ships with Python (pydoc's help topics): 120 kB to train on,
+    12 kB to validate on."""
+    import pydoc_data.topics
+
+    corpus = "".join(pydoc_data.topics.topics.values()).encode()
+    folder = tmp_path_factory.mktemp("text")
+    (folder / "train").mkdir()
+    (folder / "train" / "topics.txt").write_bytes(corpus[:120_000])
+    (folder / "val.txt").write_bytes(corpus[120_000:132_000])
+    return folder
+
+
+def test_gpt_on_real_text_beats_a_byte_frequency_model(ray_local, storage, text):
+    summary = run(small(storage, "gpt-text", data=str(text / "train"), val_data=str(text / "val.txt"),
+                        model="gpt", width=64, depth=2, heads=4, seq_len=32, batch_size=32, epochs=3,
+                        optimizer="adamw", lr=0.01, warmup_steps=20, clip_grad=1.0, report_every=20))
+    assert summary.task == "lm"
+    # a unigram model of the training bytes (add-one smoothed), scored on the validation bytes
+    train = torch.tensor(list((text / "train" / "topics.txt").read_bytes()))
+    val = torch.tensor(list((text / "val.txt").read_bytes()))
+    freq = torch.bincount(train, minlength=256).double() + 1
+    unigram = math.exp(-(freq / freq.sum()).log()[val].mean().item())
+    assert summary.val_perplexity < 0.7 * unigram, (summary.val_perplexity, unigram)
+    assert all(r["perplexity"] == pytest.approx(math.exp(r["loss"])) for r in rows_of(summary))
+
+
+def test_the_python_api_trains_objects_defined_only_in_the_calling_code(ray_local, storage):
+    # Defined inside this function, as in a notebook or a script's __main__: no worker can
+    # import them, so Ray must ship them by value (cloudpickle) for the run to work.
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
+
+        def forward(self, x):
+            return self.body(x)
+
+    class Blobs(torch.utils.data.Dataset):
+        def __init__(self, n, seed):
+            g = torch.Generator().manual_seed(seed)
+            self.y = torch.randint(3, (n,), generator=g)
+            self.x = torch.randn(n, 6, generator=g) + 2.0 * nn.functional.one_hot(self.y, 6)
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    def label_smoothing_loss(output, target):
+        return nn.functional.cross_entropy(output, target, label_smoothing=0.05)
+
+    summary = run(small(storage, "api-objects", batch_size=32, lr=0.05, warmup_steps=0),
+                  model=Net, train_data=Blobs(600, 0), val_data=Blobs(200, 1), loss=label_smoothing_loss)
+    assert summary.task == "classification" and summary.epochs_completed == 3
+    assert summary.val_accuracy > 0.8, summary
+    status = json.loads((storage / "api-objects" / "status.json").read_text())
+    assert status["model"] == "python:Net"
+
+
+def test_a_forward_that_skips_parameters_needs_the_flag_and_trains_with_it(ray_local, storage):
+    with pytest.raises(TrainingError, match=r"the model's forward did not use every parameter.*pass "
+                                            r"--find-unused-parameters"):
+        run(small(storage, "unused", model="user_models:unused_branch", epochs=1))
+    summary = run(small(storage, "unused-ok", model="user_models:unused_branch", epochs=1,
+                        find_unused_parameters=True))
+    assert summary.epochs_completed == 1

@@ -1,0 +1,77 @@
+"""What the data decides, on the driver, before Ray starts: the task, the sizes, the
+validation rows; and one line for data that cannot serve the task asked for (no Ray)."""
+
+import pytest
+import torch
+
+from ray_ddp.cli import main
+from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.dataplan import fit_data_to, inspect_data
+from ray_ddp.datasets import inspect_table, load_table, write_synthetic
+from ray_ddp.inputs import ValSet, split_rows
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sets")
+    write_synthetic(str(root / "cls"), rows=500, features=6, targets=1, task="classification", classes=3)
+    write_synthetic(str(root / "lm"), rows=40, features=1, targets=1, task="lm", seq_len=16, vocab_size=20)
+    write_synthetic(str(root / "reg"), rows=100, features=4, targets=2)
+    (root / "text.txt").write_bytes(b"hello world, " * 100)
+    return root
+
+
+def test_an_integer_label_makes_a_classifier_and_its_classes(sets):
+    table = inspect_table(str(sets / "cls"), None, None)
+    assert (table.task, table.num_classes, table.input_dim) == ("classification", 3, 6)
+    x, y = load_table(table)
+    assert x.dtype == torch.float32 and y.dtype == torch.int64 and y.shape == (500,)
+    cfg = fit_data_to(TrainConfig(data=str(sets / "cls"), model="mlp", val_fraction=0.2),
+                      inspect_data(TrainConfig(data=str(sets / "cls"), val_fraction=0.2)), workers=2)
+    assert (cfg.task, cfg.output_dim, cfg.num_classes) == ("classification", 3, 3)
+    assert cfg.steps_per_epoch == 7  # 400 training rows / (2 x 32)
+
+
+def test_token_sequences_and_text_make_a_language_model(sets):
+    shape = inspect_data(TrainConfig(data=str(sets / "lm"), model="gpt", seq_len=16))
+    assert (shape.task, shape.rows, shape.num_classes) == ("lm", 40, shape.num_classes)
+    assert shape.num_classes <= 20
+    x, y = load_table(inspect_table(str(sets / "lm"), None, None, "lm"), seq_len=16)
+    assert x.shape == y.shape == (40, 16) and torch.equal(x[:, 1:], y[:, :-1])  # shifted by one
+    text = inspect_data(TrainConfig(data=str(sets / "text.txt"), model="gpt", seq_len=10))
+    assert (text.task, text.rows) == ("lm", (1300 - 1) // 10)
+
+
+@pytest.mark.parametrize("cfg, fragment", [
+    (dict(data="REG", task="classification"), "--task classification needs one integer label column"),
+    (dict(task="lm"), "--task lm needs data"),
+    (dict(val_fraction=0.2), "--val-fraction splits --data or --dataset rows"),
+    (dict(data="LM", model="gpt", seq_len=64), "the shortest sequence has 17 tokens; --seq-len 64 needs 65"),
+    (dict(data="CLS", num_classes=2), "has labels up to 2, more than --num-classes 2 allows"),
+])
+def test_data_that_cannot_serve_the_task_is_one_line(sets, cfg, fragment):
+    cfg = {k: str(sets / {"REG": "reg", "LM": "lm", "CLS": "cls"}[v]) if k == "data" else v
+           for k, v in cfg.items()}
+    with pytest.raises(ConfigError, match=fragment):
+        inspect_data(TrainConfig(**cfg))
+
+
+def test_a_validation_split_is_fixed_by_the_seed_and_counts_each_row_once():
+    train, val = split_rows(101, 0.3, seed=4)
+    assert len(val) == 30 and sorted(torch.cat([train, val]).tolist()) == list(range(101))
+    assert torch.equal(split_rows(101, 0.3, seed=4)[1], val)
+    seen = []
+    vs = ValSet(101, lambda idx: (idx, idx))
+    for rank in range(3):
+        for x, _ in vs.batches(rank, 3, batch_size=8):
+            seen += x.tolist()
+    assert sorted(seen) == list(range(101))  # no row twice, none left out, no padding
+
+
+def test_synth_writes_classification_and_lm_sets(tmp_path, capsys):
+    assert main(["data", "synth", "--task", "classification", "--classes", "5", "--rows", "50",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert "wrote 50 rows (10 features, a label of 5 classes)" in capsys.readouterr().out
+    assert main(["data", "synth", "--task", "lm", "--seq-len", "8", "--rows", "20",
+                 "--out", str(tmp_path / "l")]) == 0
+    assert "wrote 20 rows (sequences of 9 tokens of 256)" in capsys.readouterr().out
