@@ -259,8 +259,6 @@ class TrainConfig:
         for flag, spec in (("--loss", self.loss), ("--collate", self.collate)):
             if spec is not None and ":" not in spec:
                 raise ConfigError(f"{flag} '{spec}' must look like package.module:callable")
-        if self.collate is not None and self.dataset is None:
-            raise ConfigError("--collate is for --dataset (parquet and text data are collated by ray-ddp)")
         if self.dataset is not None and ":" not in self.dataset:
             raise ConfigError(f"--dataset '{self.dataset}' must look like package.module:callable")
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):

@@ -20,7 +20,7 @@ from .cluster import attach_ray, worker_runtime_env
 from .config import ConfigError, TrainConfig
 from .devices import PlacementConfig, plan_placement
 from .dataplan import fit_data_to, inspect_data
-from .models import check_model, model_stages
+from .models import check_model, load_callable, model_stages
 from .preflight import ensure_cluster_fits
 from .progress import show_progress
 from .storage import (EVAL_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
@@ -85,6 +85,9 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     if cfg.keep_best and not (cfg.val_data or cfg.val_fraction or val_data is not None):
         raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
                           "give --val-data, --val-fraction or val_data=")
+    for spec, what in ((cfg.loss, "loss"), (cfg.collate, "collate")):
+        if spec is not None:
+            load_callable(spec, what=what)  # workers import it too: fail here, in seconds
     data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds
     cfg = fit_data_to(cfg, data_shape, cfg.workers or 1)  # redone below for the real world size
     check_model(cfg, model)
@@ -174,6 +177,9 @@ def _with_objects(cfg: TrainConfig, model: Any, train_data: Any, loss: Any) -> T
         changes["model"] = f"python:{name}"
     if train_data is not None and (cfg.data != "synthetic" or cfg.dataset is not None):
         raise ConfigError("give train_data= or --data / --dataset, not both")
+    if cfg.collate is not None and cfg.dataset is None and train_data is None:
+        raise ConfigError("--collate is for --dataset or train_data= (parquet and text rows are "
+                          "batched by ray-ddp)")
     if loss is not None and not callable(loss):
         raise ConfigError(f"loss= must be a callable fn(output, target), not {type(loss).__name__}")
     return dataclasses.replace(cfg, **changes)

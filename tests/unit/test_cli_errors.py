@@ -40,6 +40,17 @@ CASES = {
     "no cluster at address": (["--address", "127.0.0.1:1"], "no Ray cluster answers at 127.0.0.1:1"),
     "dashboard as address": (["--address", "http://127.0.0.1:8265"], "a dashboard (job server) address"),
     "negative wait": (["--wait-for-resources", "-1"], "--wait-for-resources must be 0 or more"),
+    "unknown task": (["--task", "ranking"], "invalid choice: 'ranking'"),
+    "val fraction of 1": (["--val-fraction", "1"], "--val-fraction must be at least 0 and below 1"),
+    "val data and fraction": (["--val-data", "x", "--val-fraction", "0.1"], "give --val-data or --val-fraction"),
+    "keep best without validation": (["--keep-best"], "--keep-best keeps the checkpoint with the lowest"),
+    "loss not a callable path": (["--loss", "mse"], "--loss 'mse' must look like package.module:callable"),
+    "loss import fails": (["--loss", "broken_import:fn", "--dataset", "user_data:regression"],
+                          "cannot import broken_import"),
+    "collate without a dataset": (["--collate", "user_data:collate_dicts"], "--collate is for --dataset"),
+    "classification of synthetic data": (["--task", "classification"], "--task classification needs data"),
+    "gpt heads": (["--model", "gpt", "--width", "30", "--heads", "4"], "--width 30 must be a multiple of --heads 4"),
+    "zero classes": (["--num-classes", "0"], "--num-classes must be a positive integer"),
 }
 
 
