@@ -13,8 +13,8 @@ import pytest
 # namespace) drops again.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 # Ray Train's controller polls its workers every 2 s, so a finished run is noticed up to
-# 2 s late; with ~30 short runs in the suite, polling faster saves about a minute.
-os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.5"
+# 2 s late; with ~40 short runs in the suite, polling faster saves about a minute.
+os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.25"
 
 # The suite must pass on any machine, and in-process runs must not size themselves from
 # the machine when Ray was already running (a notebook's ray.init, the shared Ray below):

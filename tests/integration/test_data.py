@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from ray_ddp import run
@@ -12,14 +14,14 @@ from ._runs import rows_of, small
 pytestmark = pytest.mark.ray
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["in-memory", "streamed"])
-def test_training_on_parquet_learns_the_teacher(ray_local, storage, tmp_path, stream):
+def test_training_on_parquet_learns_the_teacher(ray_local, storage, tmp_path):
+    # (streamed parquet trains, and learns, in the resize test below)
     write_synthetic(str(tmp_path / "set"), rows=4096, features=10, targets=5, files=3, seed=1,
                     row_group_rows=512)
     _, y = load_table(inspect_table(str(tmp_path / "set"), None, None))
     variance = y.var().item()
-    summary = run(small(storage, f"parquet-{stream}", model="mlp", width=64, depth=2,
-                        data=str(tmp_path / "set"), stream=stream, batch_size=64, epochs=4,
+    summary = run(small(storage, "parquet", model="mlp", width=64, depth=2,
+                        data=str(tmp_path / "set"), batch_size=64, epochs=4,
                         optimizer="adamw", lr=0.01, report_every=8))
     assert summary.steps == 4 * 32  # one pass over 4096 rows at 2 x 64 per step, per epoch
     rows = rows_of(summary)
@@ -65,7 +67,7 @@ def unresized(ray_local, storage):
 
     built = user_data.BUILT
     summary = run(small(storage, "user-dataset", dataset="user_data:regression", batch_size=50,
-                        warmup_steps=0))
+                        warmup_steps=0, keep=3))
     assert user_data.BUILT == built + 1  # the driver builds a costly Dataset once, not per check
     return summary
 
@@ -84,9 +86,13 @@ def test_resume_on_another_world_size_keeps_every_epoch_whole(ray_local, storage
     source = {"in-memory": dict(data=same_rows_as_parquet), "dataset": dict(dataset="user_data:regression"),
               "streamed": dict(data=same_rows_as_parquet, stream=True)}[path]
     name = f"resized-{path}"
-    # 2 workers for epoch 1, then 1 for epoch 2 (2 -> 1), then 2 again for epoch 3 (1 -> 2);
-    # the global batch stays 100 rows
-    for epochs, workers in ((1, 2), (2, 1), (3, 2)):
+    # epoch 1 at 2 workers: the reference run as it stood then (its folder, later checkpoints gone)
+    shutil.copytree(storage / "user-dataset", storage / name)
+    for step in ("step-00000012", "step-00000018"):
+        shutil.rmtree(storage / name / step)
+    (storage / name / "checkpoint_manager_snapshot.json").unlink()
+    # then epoch 2 on 1 worker (2 -> 1), epoch 3 on 2 again (1 -> 2); the global batch stays 100
+    for epochs, workers in ((2, 1), (3, 2)):
         summary = run(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,
                             warmup_steps=0, **source))
     assert summary.epochs_completed == 3 and summary.steps == 18  # 6 steps of 100 rows per epoch

@@ -42,15 +42,19 @@ def _start(prefix, argv, env, log_path):
                             start_new_session=True)  # its own process group, stopped below
 
 
-def _stop(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+def _stop(procs):
+    """SIGTERM every process group at once (each node shuts down in parallel), then wait."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)  # a test cluster: no need for Ray's slow graceful stop
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +88,7 @@ def cluster(tmp_path_factory):
         _wait_for_nodes(c, 2, procs)
         yield c
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
+        _stop(procs)
         if prefix:
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 
@@ -41,37 +43,6 @@ def progress_step(run_dir) -> int:
         return 0
 
 
-def test_killed_worker_restarts_from_checkpoint_and_matches(full_run, storage):
-    name = "killed-worker"
-    pid_dir = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name)
-    result = {}
-
-    def train():
-        try:
-            # every window reaches progress.json at once, so the kill lands mid-run
-            result["summary"] = run(small(storage, name, model="user_models:slow_toy", max_failures=1,
-                                          report_interval=0))
-        except BaseException as err:  # surfaced by the assertions below
-            result["error"] = err
-
-    thread = threading.Thread(target=train)
-    thread.start()
-    # after the first checkpoint (step 10), before the end (step 30): SIGKILL rank 1's process
-    wait_for(lambda: progress_step(storage / name) >= 15 or "error" in result, what="step 15")
-    pid = int(open(os.path.join(pid_dir, "1.pid")).read())
-    os.kill(pid, signal.SIGKILL)
-    thread.join(timeout=300)
-    assert "error" not in result, result.get("error")
-    summary = result["summary"]
-    assert summary.epochs_completed == 3
-    rows = rows_of(summary)
-    keys = [(r["step"], r["rank"]) for r in rows]
-    assert sorted(keys) == sorted(set(keys)), "each (step, rank) once, redone steps replaced"
-    # SlowToy is ToyModel with a sleep: the restarted run ends bit-identical to the reference
-    assert final_hashes(rows) == final_hashes(rows_of(full_run))
-    assert int(open(os.path.join(pid_dir, "1.pid")).read()) != pid, "rank 1 is a new process"
-
-
 def test_interrupted_driver_then_same_command_matches(full_run, storage):
     name = "interrupted-driver"
     argv = [sys.executable, "-m", "ray_ddp", "train", "--model", "user_models:slow_toy",
@@ -103,29 +74,6 @@ def test_interrupted_driver_then_same_command_matches(full_run, storage):
     assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
 
 
-def test_truncated_and_corrupt_checkpoints_fall_back_to_the_last_whole_one(full_run, storage, capsys):
-    name = "broken-latest"
-    run(small(storage, name, keep=3))  # step-10, step-20, step-30
-    model_pt = storage / name / "step-00000030" / MODEL_FILE
-    data = model_pt.read_bytes()
-    model_pt.write_bytes(data[:100])  # cut short
-    flipped = bytearray((storage / name / "step-00000020" / MODEL_FILE).read_bytes())
-    flipped[len(flipped) // 2] ^= 0xFF  # the right size, one byte flipped: only the CRC-32 tells
-    (storage / name / "step-00000020" / MODEL_FILE).write_bytes(bytes(flipped))
-
-    summary = run(small(storage, name, quiet=False))
-    out = capsys.readouterr().out
-    assert (f"warning: checkpoint step-00000030 of run {name} is unusable: model.pt has 100 bytes, "
-            f"{len(data)} were written; resuming from step-00000010 instead") in out
-    assert (f"warning: checkpoint step-00000020 of run {name} is unusable: model.pt is corrupt "
-            "(CRC-32 mismatch); resuming from step-00000010 instead") in out
-    assert summary.resumed_from.endswith("step-00000010")
-    # the workers loaded exactly the checkpoint announced: what step-10 holds
-    loaded = {r["loaded_hash"] for r in rows_of(summary) if r["loaded_hash"] is not None and r["step"] > 10}
-    assert loaded == {final_hashes([r for r in rows_of(full_run) if r["step"] <= 10])[0]}
-    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
-
-
 def test_weights_made_infinite_by_an_epochs_last_step_are_never_checkpointed(ray_local, storage):
     name = "inf-weights"
     with pytest.raises(TrainingError) as err:  # the loss of step 10 is finite; its update is not
@@ -147,12 +95,13 @@ def test_status_is_not_left_running_when_the_driver_dies_of_another_error(ray_lo
     assert status["state"] == "failed" and "StorageError" in status["error"]
 
 
-def test_no_usable_checkpoint_stops_with_one_line(ray_local, storage):
-    name = "all-truncated"
-    run(small(storage, name, epochs=1, keep=1))
-    (storage / name / "step-00000010" / MODEL_FILE).write_bytes(b"")
-    with pytest.raises(ConfigError, match=r"has no usable checkpoint \(step-00000010: model.pt has 0 bytes"):
-        run(small(storage, name, epochs=2))
+def test_no_usable_checkpoint_stops_with_one_line(full_run, storage):
+    name = "all-broken"
+    shutil.copytree(storage / "full", storage / name)  # a finished run whose checkpoints all broke
+    for step in ("step-00000020", "step-00000030"):
+        (storage / name / step / MODEL_FILE).write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"has no usable checkpoint \(step-00000020: model.pt has 0 bytes"):
+        run(small(storage, name, epochs=4))
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(ray_local, storage):
@@ -168,25 +117,74 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(ray_local, storage):
     assert scan.latest == "step-00000010" and not scan.broken
 
 
-def test_killed_worker_of_a_dict_input_batchnorm_model_ends_bit_identical(ray_local, storage):
-    # a user's model (dict inputs, BatchNorm), Dataset (float64 dict items), collate and loss
-    user = dict(model="user_models:dict_batchnorm_net", dataset="user_data:dict_rows",
-                collate="user_data:collate_dicts", loss="user_losses:smooth_l1", batch_size=25,
-                epochs=4, warmup_steps=0, report_interval=0)
-    reference = run(small(storage, "dict-bn-full", **user))
-    name = "dict-bn-killed"
+# A user's model as people write them: a forward that takes a dict, BatchNorm1d and
+# BatchNorm2d; its own Dataset (float64 dict items), collate function and loss.
+USER_MODEL = dict(model="user_models:dict_batchnorm_net", dataset="user_data:dict_rows",
+                  collate="user_data:collate_dicts", loss="user_losses:smooth_l1", batch_size=25,
+                  epochs=4, warmup_steps=0, report_interval=0, keep=4)
+
+
+@pytest.fixture(scope="module")
+def user_model_run(ray_local, storage):
+    """4 uninterrupted epochs of 12 steps: the run the interrupted ones must match."""
+    return run(small(storage, "user-model-full", **USER_MODEL))
+
+
+def test_broken_checkpoints_are_skipped_and_a_batchnorm_model_resumes_bit_identical(user_model_run, storage,
+                                                                                      capsys):
+    name = "user-model-broken"
+    shutil.copytree(storage / "user-model-full", storage / name)  # step-12, -24, -36, -48
+    model_pt = storage / name / "step-00000048" / MODEL_FILE
+    data = model_pt.read_bytes()
+    model_pt.write_bytes(data[:100])  # cut short
+    flipped = bytearray((storage / name / "step-00000036" / MODEL_FILE).read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF  # the right size, one byte flipped: only the CRC-32 tells
+    (storage / name / "step-00000036" / MODEL_FILE).write_bytes(bytes(flipped))
+
+    resumed = run(small(storage, name, **{**USER_MODEL, "quiet": False}))
+    out = capsys.readouterr().out
+    assert (f"warning: checkpoint step-00000048 of run {name} is unusable: model.pt has 100 bytes, "
+            f"{len(data)} were written; resuming from step-00000024 instead") in out
+    assert (f"warning: checkpoint step-00000036 of run {name} is unusable: model.pt is corrupt "
+            "(CRC-32 mismatch); resuming from step-00000024 instead") in out
+    assert resumed.resumed_from.endswith("step-00000024")
+    new_rows = [r for r in rows_of(resumed) if r["step"] > 24]
+    assert {r["epoch"] for r in new_rows} == {3, 4}
+    # the workers loaded exactly the checkpoint announced: what step-24 holds
+    assert {r["loaded_hash"] for r in new_rows if r["loaded_hash"] is not None} == \
+        {final_hashes([r for r in rows_of(user_model_run) if r["step"] <= 24])[0]}
+    # bit-identical to never stopping (epochs 1-2, then a resume): data order, RNG, momentum
+    # and BatchNorm statistics
+    assert final_hashes(rows_of(resumed)) == final_hashes(rows_of(user_model_run))
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["ray_ddp"] = None
+        sys.path.insert(0, {HELPERS!r})
+        import torch
+        from user_models import DictBatchNormNet
+        model = DictBatchNormNet()
+        model.load_state_dict(torch.load({resumed.checkpoint + '/' + MODEL_FILE!r}, weights_only=True))
+        print(int(model.bn.num_batches_tracked), int(model.bn2d.num_batches_tracked),
+              bool(model.bn2d.running_var.ne(1).any()))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["48", "48", "True"]  # one training forward per step, 48 steps
+
+
+def test_killed_worker_restarts_from_checkpoint_and_ends_bit_identical(user_model_run, storage):
+    name = "user-model-killed"
     pid_dir = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name)
     result = {}
 
     def train():
         try:
-            result["summary"] = run(small(storage, name, max_failures=1, **user))
+            result["summary"] = run(small(storage, name, max_failures=1, **USER_MODEL))
         except BaseException as err:  # surfaced by the assertions below
             result["error"] = err
 
     thread = threading.Thread(target=train)
     thread.start()
-    # after the first checkpoint (step 12), well before the end (step 48)
+    # after the first checkpoint (step 12), well before the end (step 48): SIGKILL rank 1
     wait_for(lambda: progress_step(storage / name) >= 14 or "error" in result, what="step 14")
     pid = int(open(os.path.join(pid_dir, "1.pid")).read())
     os.kill(pid, signal.SIGKILL)
@@ -195,4 +193,7 @@ def test_killed_worker_of_a_dict_input_batchnorm_model_ends_bit_identical(ray_lo
     summary = result["summary"]
     assert summary.epochs_completed == 4 and summary.steps == 48
     assert int(open(os.path.join(pid_dir, "1.pid")).read()) != pid, "rank 1 is a new process"
-    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(reference))  # BatchNorm stats too
+    rows = rows_of(summary)
+    keys = [(r["step"], r["rank"]) for r in rows]
+    assert sorted(keys) == sorted(set(keys)), "each (step, rank) once, redone steps replaced"
+    assert final_hashes(rows) == final_hashes(rows_of(user_model_run))
