@@ -101,7 +101,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     _say_broken(cfg, scan, echo)
     resumed_from = f"{_join(store.uri, cfg.name)}/{scan.latest}" if scan.latest else None
     if scan.meta is not None:
-        _check_resumable(cfg, scan.meta, scan.latest)
+        _check_resumable(cfg, scan.meta, scan.latest, data_decides_steps=data_shape is not None and data_shape.rows > 0)
         if scan.meta["epoch"] >= cfg.epochs:
             echo(f"run {cfg.name} is already complete ({scan.meta['epoch']}/{cfg.epochs} epochs); "
                  "nothing to do (raise --epochs to train further)")
@@ -202,7 +202,7 @@ def _join(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}"
 
 
-def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str) -> None:
+def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
     saved = meta.get("config", {})
     for key in _SHAPE_KEYS:
         if key in saved and saved[key] != getattr(cfg, key):
@@ -210,7 +210,6 @@ def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str) -> N
                 f"run {cfg.name} was trained with {key}={saved[key]!r} but this command has "
                 f"{key}={getattr(cfg, key)!r}; use the same value to resume, or a new --name"
             )
-    data_decides_steps = cfg.data != "synthetic" or cfg.dataset is not None
     if not data_decides_steps and cfg.steps_per_epoch != saved.get("steps_per_epoch", cfg.steps_per_epoch):
         raise ConfigError(
             f"run {cfg.name} has steps_per_epoch={saved['steps_per_epoch']} in {dir_name}; "

@@ -75,3 +75,13 @@ def test_synth_writes_classification_and_lm_sets(tmp_path, capsys):
     assert main(["data", "synth", "--task", "lm", "--seq-len", "8", "--rows", "20",
                  "--out", str(tmp_path / "l")]) == 0
     assert "wrote 20 rows (sequences of 9 tokens of 256)" in capsys.readouterr().out
+
+
+def test_a_resume_where_the_data_decides_the_steps_may_change_them():
+    from ray_ddp.driver import _check_resumable
+
+    meta = {"config": {"model": "python:Net", "steps_per_epoch": 6}}
+    cfg = TrainConfig(model="python:Net", steps_per_epoch=12, name="r")  # another world size
+    _check_resumable(cfg, meta, "step-00000006", data_decides_steps=True)  # train_data=, --data
+    with pytest.raises(ConfigError, match="resume with the same --steps-per-epoch"):
+        _check_resumable(cfg, meta, "step-00000006", data_decides_steps=False)  # synthetic
