@@ -298,7 +298,7 @@ class _WorkerRun:
                 w.busy.stop(started)
                 p.scaler.scale(loss).backward()
             for key, value in sums.items():
-                w.sums[key] = w.sums.get(key, 0) + value.detach()
+                w.sums[key] = w.sums.get(key, 0) + (value.detach() if torch.is_tensor(value) else value)
             w.loss_bad |= ~torch.isfinite(sums["loss"].detach())
             w.samples += batch_rows(y)
         if cfg.clip_grad > 0:
@@ -326,7 +326,7 @@ class _WorkerRun:
                 with torch.autocast(self.in_device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                     out = forward(model, x)
                 for key, value in task.sums(out, y).items():
-                    totals[key] = totals.get(key, 0) + value.double()
+                    totals[key] = totals.get(key, 0) + (value.double() if torch.is_tensor(value) else value)
         model.train()
         keys = ("loss", "units", "correct")
         flat = torch.tensor([float(totals.get(k, 0.0)) for k in keys], dtype=torch.float64,

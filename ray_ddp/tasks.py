@@ -6,7 +6,9 @@ A task decides three things, and the loop only calls it:
 - how the model is called on an input (``forward``: a tuple/list is spread over the
   forward's arguments, anything else is passed as one);
 - the loss and the metrics, as *sums* (``sums``): the loss summed over the micro-batch's
-  units (rows; tokens for a language model), the units counted, the correct predictions.
+  units (rows; tokens for a language model), the units counted (a Python number: it is
+  known on the host, and a tensor made from it would cost a copy to the GPU every
+  micro-batch), the correct predictions.
 Sums, not means, cross the wire: the loss for backward is the summed loss over the rank's
 share of the step's units, so DDP's average over ranks is the exact mean over the global
 batch however it is split across ranks and micro-batches, and an all-reduce of the sums
@@ -64,7 +66,7 @@ class Task:
         out = output.float()
         squared = (out - target.float()).pow(2)
         per_row = squared.flatten(1).mean(dim=1) if squared.dim() > 1 else squared
-        return {"loss": per_row.sum(), "units": torch.tensor(float(len(out)), device=out.device)}
+        return {"loss": per_row.sum(), "units": float(len(out))}
 
     def metrics(self, totals: dict[str, float]) -> dict[str, Optional[float]]:
         """Means from the sums: loss per unit, and the task's metric."""
@@ -79,8 +81,7 @@ class ClassificationTask(Task):
 
     def sums(self, output, target):
         out = output.float()
-        return {"loss": F.cross_entropy(out, target, reduction="sum"),
-                "units": torch.tensor(float(len(out)), device=out.device),
+        return {"loss": F.cross_entropy(out, target, reduction="sum"), "units": float(len(out)),
                 "correct": (out.argmax(dim=-1) == target).sum().float()}
 
     def metrics(self, totals):
@@ -102,7 +103,7 @@ class LanguageModelTask(Task):
     def sums(self, output, target):
         out = output.float()
         return {"loss": F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1), reduction="sum"),
-                "units": torch.tensor(float(target.numel()), device=out.device)}
+                "units": float(target.numel())}
 
     def metrics(self, totals):
         out = super().metrics(totals)
@@ -121,14 +122,13 @@ class UserLossTask(Task):
 
     def sums(self, output, target):
         rows = batch_rows(target)
-        device = output.device if isinstance(output, torch.Tensor) else None
         if rows == 0:
-            return {"loss": _zero_like_graph(output), "units": torch.zeros((), device=device)}
+            return {"loss": _zero_like_graph(output), "units": 0.0}
         loss = self.fn(output, target)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise TypeError(f"the loss function must return a scalar tensor, got "
                             f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
-        sums = {"loss": loss.float() * rows, "units": torch.tensor(float(rows), device=loss.device)}
+        sums = {"loss": loss.float() * rows, "units": float(rows)}
         if self.metric == "accuracy":  # the task's metric still counts
             sums["correct"] = (output.argmax(dim=-1) == target).sum().float()
         return sums

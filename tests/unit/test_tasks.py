@@ -51,7 +51,7 @@ def test_a_users_loss_is_scaled_to_a_sum_and_an_empty_batch_adds_nothing():
     task = build_task("regression", loss=mean_abs)
     out = torch.ones(4, 1, requires_grad=True)
     sums = task.sums(out, torch.zeros(4, 1))
-    assert sums["loss"].item() == 4.0 and sums["units"].item() == 4.0
+    assert sums["loss"].item() == 4.0 and sums["units"] == 4.0
     empty = task.sums(out[:0], torch.zeros(0, 1))  # a mean over no rows would be NaN
     assert empty["loss"].item() == 0.0
     empty["loss"].backward()  # still connected to the graph: DDP's hooks fire
@@ -72,4 +72,4 @@ def test_an_empty_micro_batch_sums_to_zero(name):
     out = torch.zeros(0, 5, requires_grad=True)
     y = torch.zeros(0, 5) if name == "regression" else torch.zeros(0, dtype=torch.long)
     sums = task.sums(out, y)
-    assert sums["loss"].item() == 0.0 and sums["units"].item() == 0.0
+    assert sums["loss"].item() == 0.0 and sums["units"] == 0.0
