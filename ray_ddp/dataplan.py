@@ -56,11 +56,12 @@ def _inspect_training(cfg: TrainConfig, train_data: Any) -> Optional[DataShapeCo
 
 
 def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
-    from .datasets import inspect_table, is_text, read_text_bytes
+    from .datasets import inspect_table, is_text, text_size
 
-    task = cfg.task or ("lm" if cfg.model == "gpt" or is_text(path) else None)
-    if task == "lm" and is_text(path):
-        size = len(read_text_bytes(path))
+    text = is_text(path)
+    task = cfg.task or ("lm" if cfg.model == "gpt" or text else None)
+    if task == "lm" and text:
+        size = text_size(path)
         rows = (size - 1) // cfg.seq_len
         if rows < 1:
             raise ConfigError(f"--data {path} holds {size} bytes, not one window of --seq-len "

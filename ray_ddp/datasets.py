@@ -317,8 +317,8 @@ def is_text(path: str) -> bool:
         return False
 
 
-def read_text_bytes(path: str) -> torch.Tensor:
-    """The bytes of a .txt file, or of a folder's .txt files in name order, as uint8."""
+def _text_files(path: str):
+    """(filesystem, the .txt file infos of ``path`` in name order): a file, or a folder's."""
     from pyarrow.fs import FileSelector, FileType
 
     from .storage import resolve_storage
@@ -327,11 +327,24 @@ def read_text_bytes(path: str) -> torch.Tensor:
     info = store.fs.get_file_info(store.path)
     if info.type == FileType.NotFound:
         raise ConfigError(f"--data {path} does not exist; give a .txt file or a folder of them")
-    files = [store.path] if info.type == FileType.File else sorted(
-        i.path for i in store.fs.get_file_info(FileSelector(store.path)) if i.path.endswith(".txt"))
+    files = [info] if info.type == FileType.File else sorted(
+        (i for i in store.fs.get_file_info(FileSelector(store.path)) if i.path.endswith(".txt")),
+        key=lambda i: i.path)
+    return store.fs, files
+
+
+def text_size(path: str) -> int:
+    """Bytes of text at ``path``, from the files' metadata (the driver reads no text)."""
+    return sum(i.size for i in _text_files(path)[1])
+
+
+def read_text_bytes(path: str) -> torch.Tensor:
+    """The bytes of a .txt file, or of a folder's .txt files in name order, as uint8."""
+    fs, files = _text_files(path)
     chunks = []
-    for name in files:
-        with store.fs.open_input_stream(name) as f:
+    for info in files:
+        name = info.path
+        with fs.open_input_stream(name) as f:
             chunks.append(f.read())
     data = b"".join(chunks)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
