@@ -74,7 +74,7 @@ def _distinct_gpus(devices: Sequence[torch.device]) -> list[torch.device]:
     return list(dict.fromkeys(d for d in devices if d.type == "cuda"))
 
 
-def _to_cpu(obj: Any, into: Any = None) -> Any:
+def to_cpu(obj: Any, into: Any = None) -> Any:
     """A copy with every tensor on the CPU, so a GPU checkpoint loads on any machine. A
     copy even of CPU tensors: training goes on changing the originals while it is
     written. ``into``: an earlier copy of the same structure, whose tensors are reused
@@ -85,10 +85,10 @@ def _to_cpu(obj: Any, into: Any = None) -> Any:
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
         into = into if isinstance(into, dict) else {}
-        return {k: _to_cpu(v, into.get(k)) for k, v in obj.items()}
+        return {k: to_cpu(v, into.get(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         into = into if isinstance(into, type(obj)) and len(into) == len(obj) else [None] * len(obj)
-        return type(obj)(_to_cpu(v, w) for v, w in zip(obj, into))
+        return type(obj)(to_cpu(v, w) for v, w in zip(obj, into))
     return obj
 
 
@@ -109,16 +109,16 @@ def snapshot_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, stat
     state). ``stateful``: more objects with state_dict() (LR schedule, gradient scaler).
     ``reuse``: a snapshot already written, whose memory the copy goes into."""
     return CheckpointSnapshot(
-        model=_to_cpu(model.state_dict(), reuse.model if reuse else None),
+        model=to_cpu(model.state_dict(), reuse.model if reuse else None),
         train_state={
-            "optimizer": _to_cpu(optimizer.state_dict(), reuse.train_state["optimizer"] if reuse else None),
+            "optimizer": to_cpu(optimizer.state_dict(), reuse.train_state["optimizer"] if reuse else None),
             "epoch": state.epoch,
             "step": state.step,
             "epoch_step": state.epoch_step,
             "rng": state.rng,
             "config": config,
             "saved_by_rank": rank,
-            **{name: _to_cpu(obj.state_dict()) for name, obj in (stateful or {}).items()},
+            **{name: to_cpu(obj.state_dict()) for name, obj in (stateful or {}).items()},
         },
         meta={"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
               "world_size": len(state.rng),
@@ -137,7 +137,7 @@ def write_checkpoint(directory: str, snapshot: CheckpointSnapshot,
     files = {}
     for name, obj in ((MODEL_FILE, snapshot.model), (STATE_FILE, snapshot.train_state)):
         with fs.open_output_stream(f"{directory}/{name}", buffer_size=1 << 20) as stream:
-            counted = _CountingWriter(stream)
+            counted = CountingWriter(stream)
             torch.save(obj, counted)
         files[name] = {"bytes": counted.bytes, "crc32": counted.crc32}
     meta = {**snapshot.meta, "time": time.time(), "files": files}
@@ -145,7 +145,7 @@ def write_checkpoint(directory: str, snapshot: CheckpointSnapshot,
         stream.write(json.dumps(meta).encode())
 
 
-class _CountingWriter:
+class CountingWriter:
     """A write-only file for torch.save that counts the bytes and their CRC-32."""
 
     def __init__(self, stream):
@@ -201,7 +201,7 @@ def verify_checkpoint(directory: str) -> Optional[str]:
     return None
 
 
-def _load_tensors(path: str) -> Any:
+def load_tensors(path: str) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError for pickled objects, RuntimeError for bad zips
@@ -216,9 +216,9 @@ def _load_tensors(path: str) -> Any:
 def load_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer,
                     stateful: Optional[dict[str, Any]] = None) -> TrainState:
     """Load the files of ``directory`` into the bare (not yet DDP-wrapped) model and optimizer."""
-    weights = _load_tensors(os.path.join(directory, MODEL_FILE))
+    weights = load_tensors(os.path.join(directory, MODEL_FILE))
     model.load_state_dict(weights)
-    saved = _load_tensors(os.path.join(directory, STATE_FILE))
+    saved = load_tensors(os.path.join(directory, STATE_FILE))
     optimizer.load_state_dict(saved["optimizer"])
     for name, obj in (stateful or {}).items():
         if name in saved:
@@ -261,7 +261,7 @@ def find_latest_checkpoint(fs, run_path: str, verify_crc: bool = False) -> Check
             meta = read_json(fs, f"{run_path}/{name}/{META_FILE}")
         except ValueError:  # not JSON: a torn write (a read failure is raised, not guessed at)
             meta = None
-        problem = _file_problem(fs, f"{run_path}/{name}", meta, verify_crc)
+        problem = checkpoint_file_problem(fs, f"{run_path}/{name}", meta, verify_crc)
         if problem is None:
             scan.latest, scan.meta = name, meta
             return scan
@@ -269,7 +269,7 @@ def find_latest_checkpoint(fs, run_path: str, verify_crc: bool = False) -> Check
     return scan
 
 
-def _file_problem(fs, path: str, meta: Optional[dict[str, Any]], verify_crc: bool) -> Optional[str]:
+def checkpoint_file_problem(fs, path: str, meta: Optional[dict[str, Any]], verify_crc: bool) -> Optional[str]:
     from pyarrow.fs import FileType
 
     if meta is None or not isinstance(meta.get("files"), dict):
@@ -294,9 +294,12 @@ def _stream_crc32(fs, path: str) -> int:
 
 
 def weights_hash(model: nn.Module) -> int:
-    """A 48-bit fingerprint of the weights: equal on every rank iff DDP kept them in sync."""
+    """A 48-bit fingerprint of the whole weights: equal on every rank iff DDP kept them
+    in sync; under FSDP the same for a model however it is sharded."""
     h = hashlib.sha256()
     for name, tensor in model.state_dict().items():
+        if hasattr(tensor, "full_tensor"):  # FSDP's DTensor: gathered (a collective, every rank)
+            tensor = tensor.full_tensor()
         h.update(name.encode())
         # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
         h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())

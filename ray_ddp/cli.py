@@ -102,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"where the run lives (default: {TrainConfig.storage})")
     report.add_argument("--out", metavar="DIR", default=None,
                         help="where the PNGs and report.txt go (default: <storage>/<run>/report/)")
+
+    export = sub.add_parser("export", help="write a checkpoint's model as one plain state_dict file "
+                                           "(consolidating an FSDP checkpoint's shards)")
+    export.add_argument("run", help="the run's name (its folder under --storage)")
+    export.add_argument("--storage", default=TrainConfig.storage,
+                        help=f"where the run lives (default: {TrainConfig.storage})")
+    export.add_argument("--step", type=int, default=None,
+                        help="the checkpoint's global step (default: the newest whole checkpoint)")
+    export.add_argument("--out", metavar="FILE", default=None,
+                        help="the file to write (default: <run>-step-<N>.pt in the current folder)")
     return parser
 
 
@@ -130,6 +140,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _runs(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "export":
+            return _export(args)
         return _demo(args)
     except ConfigError as err:
         print(f"ray-ddp {args.command}: error: {err}", file=sys.stderr)
@@ -222,6 +234,13 @@ def _report(args: argparse.Namespace) -> int:
     print(summary.text())
     for path in summary.files:
         print(f"wrote {path}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .export import export_model
+
+    print(export_model(args.run, args.storage, args.step, args.out).text())
     return 0
 
 

@@ -21,6 +21,7 @@ OPTIMIZERS = ("sgd", "adamw")
 AMP_MODES = ("off", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine")
 BACKENDS = ("nccl", "gloo")
+STRATEGIES = ("ddp", "fsdp")
 
 
 class ConfigError(ValueError):
@@ -88,6 +89,19 @@ class TrainConfig:
                                 "(nn.SyncBatchNorm) instead of each rank's own", default=False)
     find_unused_parameters: bool = _opt("let DDP handle a forward that skips some parameters "
                                         "(slower; only for models that need it)", default=False)
+    strategy: str = _opt(
+        "data parallelism: ddp (every rank holds the whole model, optimizer state and "
+        "gradients) or fsdp (PyTorch FSDP2: all three sharded across the ranks, so memory per "
+        "rank falls as the world grows; checkpoints are sharded, one file per rank)",
+        default="ddp", choices=STRATEGIES)
+    fsdp_wrap: Optional[str] = _opt(
+        "with --strategy fsdp, the module classes sharded as one unit each, CLASS[,CLASS...] "
+        "(package.module.Class, or a class name found in the model); default: each block of "
+        "gpt, else every direct child of the model holding parameters", default=None)
+    skip_final_model: bool = _opt(
+        "with --strategy fsdp, do not gather the whole model into the last checkpoint's "
+        "model.pt (rank 0 would hold all of it in host memory; `ray-ddp export` makes one "
+        "later)", default=False)
     # --- placement ---
     workers: Optional[int] = _opt(
         "training workers (world size); default: GPUs / gpus-per-worker on a GPU cluster, else 2",
@@ -254,6 +268,12 @@ class TrainConfig:
         if self.keep_best and not (self.val_data or self.val_fraction):
             raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
                               "give --val-data or --val-fraction")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy}")
+        if self.strategy == "fsdp":
+            _check_fsdp(self)
+        elif self.fsdp_wrap is not None:
+            raise ConfigError("--fsdp-wrap is for --strategy fsdp; add --strategy fsdp or drop it")
         if self.model == "gpt" and self.width % self.heads:
             raise ConfigError(f"--width {self.width} must be a multiple of --heads {self.heads}")
         for flag, spec in (("--loss", self.loss), ("--collate", self.collate)):
@@ -269,6 +289,24 @@ class TrainConfig:
         if self.name is not None and ".." in self.name:
             raise ConfigError(f"--name '{self.name}' must not contain '..'")
         return self
+
+
+def _check_fsdp(cfg: TrainConfig) -> None:
+    """What FSDP cannot combine with, each refused in one line."""
+    if cfg.model == "toy-mp":
+        raise ConfigError("toy-mp splits the model over a GPU pair by hand; FSDP shards every layer "
+                          "across the ranks instead: use --model toy (or mlp) with --strategy fsdp")
+    if cfg.gpus_per_worker == 2:
+        raise ConfigError("--strategy fsdp gives each worker one GPU (it shards the model across the "
+                          "workers instead); use --gpus-per-worker 1")
+    if cfg.amp == "fp16":
+        raise ConfigError("--strategy fsdp trains in bf16 (FSDP2's mixed precision), not fp16 with "
+                          "a gradient scaler; use --amp bf16")
+    if cfg.find_unused_parameters:
+        raise ConfigError("--find-unused-parameters is a DDP setting; FSDP handles a forward that "
+                          "skips parameters itself: drop the flag")
+    if cfg.fsdp_wrap is not None and not [c for c in cfg.fsdp_wrap.split(",") if c.strip()]:
+        raise ConfigError("--fsdp-wrap needs at least one class name, e.g. torch.nn.TransformerEncoderLayer")
 
 
 def _require_positive(name: str, value: int) -> None:

@@ -28,7 +28,7 @@ from .storage import (EVAL_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, Storag
 
 # Fields of the checkpoint's config that must match for a resume to load the weights.
 _SHAPE_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "heads", "seq_len",
-               "vocab_size")
+               "vocab_size", "strategy")
 
 
 class TrainingError(RuntimeError):

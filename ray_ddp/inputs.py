@@ -29,9 +29,15 @@ class ValSet:
     rows: int
     fetch: Callable[[torch.Tensor], tuple]
 
-    def batches(self, rank: int, world: int, batch_size: int) -> Iterator[tuple]:
+    def batches(self, rank: int, world: int, batch_size: int, equal_counts: bool = False) -> Iterator[tuple]:
+        """This rank's batches; ``equal_counts``: as many on every rank (the shorter parts
+        end with an empty batch), for a forward that is a collective (FSDP)."""
         bounds = part_bounds(self.rows, world)
-        for start in range(bounds[rank], bounds[rank + 1], batch_size):
+        count = -(-(bounds[rank + 1] - bounds[rank]) // batch_size)
+        if equal_counts:
+            count = max(-(-(bounds[r + 1] - bounds[r]) // batch_size) for r in range(world))
+        for b in range(count):
+            start = min(bounds[rank] + b * batch_size, bounds[rank + 1])
             yield self.fetch(torch.arange(start, min(start + batch_size, bounds[rank + 1])))
 
 

@@ -4,12 +4,14 @@
 joined the worker to the process group (NCCL or gloo) and given it its devices. The
 loop rebuilds the config from the dict the driver shipped, builds the model on those
 devices, loads the latest checkpoint into the bare model (before DDP wraps it, so no
-``module.`` prefix is involved), trains, validates, and reports. Every rank calls
+``module.`` prefix is involved; under FSDP, into the sharded model, each rank its
+shards), trains, validates, and reports. Every rank calls
 ``ray.train.report`` at exactly the same steps: report() is a barrier.
 
 Three jobs are kept apart: the step (``_WorkerRun``; a ``Task`` decides the loss, the
 metrics and how a batch reaches the device), the reporting to Ray (``Reporter``), and
-rank 0's checkpoint writer (``CheckpointWriter``, inside the reporter).
+the checkpoint writer inside the reporter (rank 0's ``CheckpointWriter`` under DDP, every
+rank's ``ShardedCheckpointWriter`` under FSDP).
 """
 
 from __future__ import annotations
@@ -26,14 +28,17 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .checkpoint import CheckpointError, TrainState, load_checkpoint, restore_rng, \
     verify_checkpoint, weights_hash
 from .config import TrainConfig
 from .devices import peak_memory_mb, wrap_ddp
+from .fsdp import shard_model
 from .inputs import ValSet, build_inputs
 from .models import build_model, load_callable
 from .reporting import Reporter
+from .sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from .storage import resolve_storage
 from .tasks import Task, batch_rows, build_task, forward, to_device
 
@@ -64,9 +69,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # The same seed on every rank gives the same initial weights (DDP also broadcasts
     # rank 0's at wrap time); the per-rank reseed keeps dropout-like noise independent.
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, devices, objects.get("model"))
+    fsdp = cfg.strategy == "fsdp"
+    # FSDP: the whole model is built in host memory, then only this rank's shards go to the GPU
+    model = build_model(cfg, [torch.device("cpu")] if fsdp else devices, objects.get("model"))
     if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if fsdp:  # before the optimizer: it must hold the sharded parameters
+        model = shard_model(model, cfg, devices[0])
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer, loop_config["total_steps"])
     scaler = torch.amp.GradScaler(devices[0].type, enabled=cfg.amp == "fp16")
@@ -79,8 +88,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     else:
         torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
 
-    ddp_model = wrap_ddp(model, devices, cfg.find_unused_parameters)
-    parts = TrainParts(model, ddp_model, torch.compile(ddp_model) if cfg.compile else ddp_model,
+    wrapped = model if fsdp else wrap_ddp(model, devices, cfg.find_unused_parameters)
+    parts = TrainParts(model, wrapped, torch.compile(wrapped) if cfg.compile else wrapped,
                        optimizer, scheduler, scaler, devices)
     loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
     task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn)
@@ -99,12 +108,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
 @dataclass
 class TrainParts:
-    """What a step touches: the bare model (saved), its DDP wrapper (no_sync), what runs
-    the forward pass (the wrapper, or its torch.compile), optimizer, LR schedule, scaler,
-    and this worker's devices (whose RNG a checkpoint keeps)."""
+    """What a step touches: the model (bare under DDP, which a checkpoint saves; sharded
+    in place under FSDP), its parallel wrapper (the DDP module, or the FSDP model itself),
+    what runs the forward pass (the wrapper, or its torch.compile), optimizer, LR
+    schedule, scaler, and this worker's devices (whose RNG a checkpoint keeps)."""
 
     model: nn.Module
-    ddp_model: nn.Module
+    wrapped: nn.Module
     forward: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -113,6 +123,14 @@ class TrainParts:
 
     def stateful(self) -> dict:
         return {"scheduler": self.scheduler, "scaler": self.scaler}
+
+    def gradient_sync(self, sync: bool):
+        """Whether this micro-batch's backward reduces gradients across the ranks: only
+        the last of a step does; the others accumulate locally."""
+        if isinstance(self.wrapped, DDP):
+            return contextlib.nullcontext() if sync else self.wrapped.no_sync()
+        self.wrapped.set_requires_gradient_sync(sync)  # FSDP
+        return contextlib.nullcontext()
 
 
 def load_checkpoint_to_resume(cfg: TrainConfig, loop_config: dict, model: nn.Module,
@@ -134,7 +152,8 @@ def load_checkpoint_to_resume(cfg: TrainConfig, loop_config: dict, model: nn.Mod
         with checkpoint.as_directory() as directory:
             problem = verify_checkpoint(directory)
             if problem is None:
-                return load_checkpoint(directory, model, optimizer, stateful)
+                load = load_sharded_checkpoint if is_sharded_checkpoint(directory) else load_checkpoint
+                return load(directory, model, optimizer, stateful)
         problems.append(f"{_dir_name(checkpoint.path)}: {problem}")
     if problems:
         raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))
@@ -250,11 +269,14 @@ class _WorkerRun:
         self.model, self.optimizer = parts.model, parts.optimizer
         self.in_device, self.out_device = devices[0], devices[-1]
         self.task, self.source, self.val_set = task, source, val_set
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+        # FSDP's mixed precision casts the parameters itself: no autocast on top of it
+        self.amp_dtype = None if cfg.strategy == "fsdp" else \
+            {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
         self.window = self._new_window()
         nccl = dist.get_backend() == "nccl"
         self.reporter = Reporter(rank, world_size, cfg.report_interval,
-                                 self.in_device if nccl else torch.device("cpu"))
+                                 self.in_device if nccl else torch.device("cpu"),
+                                 sharded=cfg.strategy == "fsdp")
 
     def train(self) -> None:
         for epoch in range(self.state.epoch, self.cfg.epochs):
@@ -277,6 +299,9 @@ class _WorkerRun:
             elif (i + 1) % cfg.report_every == 0:
                 self._close_window(epoch, save=False, epoch_end=False)
 
+    def _autocast(self):
+        return torch.autocast(self.in_device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
     def _run_step(self, epoch: int, i: int) -> None:
         """One optimizer step over ``grad_accum`` micro-batches of this rank's rows."""
         cfg, p, w = self.cfg, self.parts, self.window
@@ -288,8 +313,8 @@ class _WorkerRun:
             last = micro == cfg.grad_accum - 1
             # DDP all-reduces gradients during backward: only once per step, on the last
             # micro-batch; the others accumulate locally under no_sync().
-            with contextlib.nullcontext() if last else p.ddp_model.no_sync():
-                with torch.autocast(self.in_device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            with p.gradient_sync(last):
+                with self._autocast():
                     out = forward(p.forward, x)
                 sums = self.task.sums(out, y)
                 # summed loss / this rank's share of the step's units: DDP's mean over
@@ -321,9 +346,11 @@ class _WorkerRun:
         model.eval()
         totals: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            for x, y in self.val_set.batches(self.rank, self.world_size, self.cfg.batch_size):
+            # FSDP's forward gathers parameters from every rank: all ranks run as many
+            for x, y in self.val_set.batches(self.rank, self.world_size, self.cfg.batch_size,
+                                             equal_counts=self.cfg.strategy == "fsdp"):
                 x, y = to_device(x, self.in_device), to_device(y, self.out_device)
-                with torch.autocast(self.in_device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                with self._autocast():
                     out = forward(model, x)
                 for key, value in task.sums(out, y).items():
                     totals[key] = totals.get(key, 0) + (value.double() if torch.is_tensor(value) else value)
@@ -385,7 +412,8 @@ class _WorkerRun:
             self.first_report = None
         self.reporter.add(metrics)
         if save:
-            self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict())
+            final = epoch + 1 == self.cfg.epochs and not self.cfg.skip_final_model
+            self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict(), final=final)
         elif due:
             self.reporter.send()
         self.window = self._new_window(started=now)
@@ -402,6 +430,7 @@ def weights_are_finite(model: nn.Module) -> bool:
     have made them infinite."""
     per_device: dict[torch.device, list[torch.Tensor]] = {}
     for t in model.state_dict().values():
+        t = t.to_local() if hasattr(t, "to_local") else t  # FSDP: this rank's shard (agree() ORs the ranks)
         if t.is_floating_point():
             per_device.setdefault(t.device, []).append(torch.isfinite(t).all())
     return all(bool(torch.stack(flags).all()) for flags in per_device.values())  # a sync per device

@@ -171,6 +171,10 @@ def check_model(cfg: TrainConfig, given: Any = None) -> int:
     else:
         with meta:
             model = build_model(cfg, [meta, meta], given)
+    if cfg.strategy == "fsdp":
+        from .fsdp import check_fsdp_wrap
+
+        check_fsdp_wrap(cfg, model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if trainable == 0:
         raise ConfigError(

@@ -21,21 +21,27 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import capture_rng, checkpoint_dir_name
+from .sharded import ShardedCheckpointWriter
 from .writer import CheckpointWriter
 
 
 class Reporter:
     """Batches this rank's closed windows to Ray; rank 0 also hands Ray its checkpoints."""
 
-    def __init__(self, rank: int, world_size: int, report_interval: float, collective_device):
+    def __init__(self, rank: int, world_size: int, report_interval: float, collective_device,
+                 sharded: bool = False):
         self.rank, self.world_size = rank, world_size
         self.report_interval = report_interval
         self.collective_device = collective_device  # where a tensor for the backend lives
         self.unsent: list[dict[str, Any]] = []
         self.last_sent = time.perf_counter()
+        self.sharded = sharded
         self.writer = None
-        if rank == 0:
-            storage = ray.train.get_context().get_storage()
+        storage = ray.train.get_context().get_storage()
+        if sharded:  # FSDP: every rank writes its shards
+            self.writer = ShardedCheckpointWriter(storage.storage_filesystem,
+                                                  storage.build_checkpoint_path_from_name, rank)
+        elif rank == 0:
             self.writer = CheckpointWriter(storage.storage_filesystem,
                                            storage.build_checkpoint_path_from_name)
 
@@ -61,21 +67,27 @@ class Reporter:
     def send(self) -> None:
         ray.train.report(self._payload(), checkpoint=None)
 
-    def send_with_checkpoint(self, parts, state, config: dict[str, Any]) -> None:
-        """Rank 0 saves a checkpoint; every rank reports. Training waits only for a copy
-        of the state in host memory: Ray's upload thread (ASYNC) then writes the files
-        straight into run storage while training goes on. Ray needs a local folder to
-        hand that thread (an empty one here, which it deletes). Ray keeps reports in
-        order, so checkpoints land in order and each is whole before it counts."""
+    def send_with_checkpoint(self, parts, state, config: dict[str, Any], final: bool = False) -> None:
+        """Save a checkpoint and report it; every rank reports. Training waits only for a
+        copy of the state in host memory: Ray's upload thread (ASYNC) then writes the
+        files straight into run storage while training goes on. DDP: rank 0 saves the
+        whole state. FSDP: every rank saves its shards into the same folder, and the last
+        checkpoint (``final``) also gets the whole model in model.pt. Ray needs a local
+        folder to hand the upload thread (an empty one here, which it deletes); it keeps
+        reports in order, so checkpoints land in order and each is whole before it counts."""
         rng = [None] * self.world_size
         dist.all_gather_object(rng, capture_rng(parts.devices))  # every rank's RNG goes into the file
         state.rng = rng
         name = checkpoint_dir_name(state.step)
-        if self.rank != 0:
+        if self.writer is None:  # DDP, ranks other than 0
             ray.train.report(self._payload(), checkpoint=None, checkpoint_dir_name=name)
             return
-        snapshot = self.writer.snapshot(parts.model, parts.optimizer, state, config, self.rank,
-                                        parts.stateful())
+        if self.sharded:
+            snapshot = self.writer.snapshot(parts.model, parts.optimizer, state, config, parts.stateful(),
+                                            name, with_model=final)
+        else:
+            snapshot = self.writer.snapshot(parts.model, parts.optimizer, state, config, self.rank,
+                                            parts.stateful())
         writer = self.writer
 
         def write_to_storage(_local: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:

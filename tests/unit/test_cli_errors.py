@@ -51,6 +51,17 @@ CASES = {
     "classification of synthetic data": (["--task", "classification"], "--task classification needs data"),
     "gpt heads": (["--model", "gpt", "--width", "30", "--heads", "4"], "--width 30 must be a multiple of --heads 4"),
     "zero classes": (["--num-classes", "0"], "--num-classes must be a positive integer"),
+    "fsdp of toy-mp": (["--strategy", "fsdp", "--model", "toy-mp"], "use --model toy (or mlp) with --strategy fsdp"),
+    "fsdp on a gpu pair": (["--strategy", "fsdp", "--gpus-per-worker", "2"], "use --gpus-per-worker 1"),
+    "fsdp in fp16": (["--strategy", "fsdp", "--amp", "fp16"], "use --amp bf16"),
+    "fsdp with unused parameters": (["--strategy", "fsdp", "--find-unused-parameters"], "drop the flag"),
+    "fsdp wrap without fsdp": (["--fsdp-wrap", "Block"], "--fsdp-wrap is for --strategy fsdp"),
+    "fsdp wrap naming nothing": (["--strategy", "fsdp", "--model", "mlp", "--fsdp-wrap", "Block"],
+                                 "--fsdp-wrap Block names no module of model mlp"),
+    "fsdp wrap not importable": (["--strategy", "fsdp", "--fsdp-wrap", "nosuchpkg.Block"],
+                                 "--fsdp-wrap nosuchpkg.Block: cannot import it"),
+    "fsdp wrap not a module": (["--strategy", "fsdp", "--fsdp-wrap", "torch.Tensor"],
+                               "--fsdp-wrap torch.Tensor is not an nn.Module class"),
 }
 
 
@@ -76,3 +87,27 @@ def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "ray-ddp train: error: --lr must be a positive finite number, got -1.0"
     assert proc.stdout == ""
+
+
+EXPORT_CASES = {
+    "unknown run": (["nosuchrun"], "run nosuchrun has no checkpoint under"),
+    "unknown step": (["done", "--step", "7"], "run done has no checkpoint at step 7; its newest is step-00000003"),
+    "out folder missing": (["done", "--out", "{tmp}/nowhere/m.pt"], "does not exist"),
+    "no whole checkpoint": (["torn"], "run torn has no whole checkpoint (step-00000001: meta.json is missing"),
+}
+
+
+@pytest.mark.parametrize("case", EXPORT_CASES)
+def test_export_mistakes_are_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
+    (tmp_path / "runs" / "done" / "step-00000003").mkdir(parents=True)
+    (tmp_path / "runs" / "done" / "step-00000003" / "meta.json").write_text('{"files": {}}')
+    (tmp_path / "runs" / "torn" / "step-00000001").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    argv, fragment = EXPORT_CASES[case]
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        sys.exit(main(["export", *argv, "--storage", str(tmp_path / "runs")]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing written"

@@ -1,0 +1,121 @@
+"""FSDP without Ray: which modules are sharded, and a sharded checkpoint written, checked,
+loaded back and exported, in this process (a real gloo process group of one rank)."""
+
+import json
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ray_ddp import ConfigError, TrainConfig
+from ray_ddp.checkpoint import META_FILE, MODEL_FILE, TrainState, verify_checkpoint, weights_hash
+from ray_ddp.export import export_model
+from ray_ddp.fsdp import check_fsdp_wrap, shard_model, shard_units
+from ray_ddp.inputs import ValSet
+from ray_ddp.models import GPT, Block, build_mlp
+from ray_ddp.sharded import ShardedCheckpointWriter, load_sharded_checkpoint, read_model_state
+
+import pyarrow.fs as pafs
+
+
+class Tied(nn.Module):
+    """Input embedding and output layer share one weight; a norm in between."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.norm = nn.LayerNorm(8)
+        self.out = nn.Linear(8, 20, bias=False)
+        self.out.weight = self.emb.weight
+        self.act = nn.GELU()
+
+    def forward(self, ids):
+        return self.out(self.act(self.norm(self.emb(ids))))
+
+
+def fsdp(**kw) -> TrainConfig:
+    return TrainConfig(strategy="fsdp", **kw)
+
+
+def test_default_units_are_gpt_blocks_or_the_children_that_hold_parameters():
+    gpt = GPT(vocab_size=16, width=8, depth=3, heads=2, seq_len=4)
+    assert shard_units(gpt, fsdp(model="gpt")) == list(gpt.blocks)
+    mlp = build_mlp(4, 2, 8, 2)
+    assert shard_units(mlp, fsdp(model="mlp")) == [mlp[0], mlp[2], mlp[4]]  # not the GELUs
+    tied = Tied()
+    assert shard_units(tied, fsdp()) == [tied.norm]  # the tied pair stays with the root
+
+
+def test_wrap_names_a_class_by_import_path_or_by_name_outermost_only():
+    gpt = GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4)
+    assert shard_units(gpt, fsdp(fsdp_wrap="ray_ddp.models.Block")) == list(gpt.blocks)
+    assert shard_units(gpt, fsdp(fsdp_wrap="Block, LayerNorm")) == [gpt.blocks[0], gpt.blocks[1], gpt.ln]
+    with pytest.raises(ConfigError, match="--fsdp-wrap TransformerEncoderLayer names no module of model gpt"):
+        check_fsdp_wrap(fsdp(model="gpt", fsdp_wrap="TransformerEncoderLayer"), gpt)
+
+
+def test_validation_batches_are_as_many_on_every_rank_when_asked():
+    val = ValSet(33, lambda idx: (idx.float(), idx))
+    plain = [[len(x) for x, _ in val.batches(r, 2, 16)] for r in range(2)]
+    equal = [[len(x) for x, _ in val.batches(r, 2, 16, equal_counts=True)] for r in range(2)]
+    assert plain == [[16], [16, 1]]
+    assert equal == [[16, 0], [16, 1]]  # every row once; rank 0 ends with an empty batch
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def sharded_gpt(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = shard_model(GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4), fsdp(model="gpt"),
+                        torch.device("cpu"))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def test_a_sharded_checkpoint_is_whole_reloads_exactly_and_exports(one_rank_group, tmp_path):
+    model, optimizer = sharded_gpt(seed=0)
+    ids = torch.randint(0, 16, (4, 4))
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(ids).float().pow(2).mean().backward()
+        optimizer.step()
+    run = tmp_path / "runs" / "gpt"
+    writer = ShardedCheckpointWriter(pafs.LocalFileSystem(), lambda name: str(run / name), rank=0)
+    state = TrainState(epoch=1, step=2, rng=[{"torch": torch.get_rng_state()}])
+    snapshot = writer.snapshot(model, optimizer, state, {"model": "gpt"}, {}, "step-00000002",
+                               with_model=True)
+    trained = weights_hash(model)
+    with torch.no_grad():  # training goes on while the shards are written: they hold step 2
+        for p in model.parameters():
+            p.add_(1.0)
+    writer.write(snapshot, "step-00000002")
+    folder = run / "step-00000002"
+    meta = json.loads((folder / META_FILE).read_text())
+    assert sorted(meta["files"]) == [".metadata", "__0_0.distcp", MODEL_FILE, "train_state.pt"]
+    assert meta["format"] == "sharded" and verify_checkpoint(str(folder)) is None
+
+    fresh, fresh_optimizer = sharded_gpt(seed=1)
+    loaded = load_sharded_checkpoint(str(folder), fresh, fresh_optimizer)
+    assert (loaded.epoch, loaded.step) == (1, 2)
+    assert weights_hash(fresh) == trained
+    assert fresh_optimizer.state_dict()["state"][0]["step"] == 2  # AdamW's moments came back too
+
+    plain = GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4)
+    plain.load_state_dict(read_model_state(str(folder)))  # the shards alone, no process group used
+    assert weights_hash(plain) == trained
+    (folder / MODEL_FILE).unlink()  # as with --skip-final-model: export consolidates the shards
+    meta["files"].pop(MODEL_FILE)
+    (folder / META_FILE).write_text(json.dumps(meta))
+    summary = export_model("gpt", str(tmp_path / "runs"), out=str(tmp_path / "gpt.pt"))
+    assert summary.sharded and summary.checkpoint == "step-00000002"
+    plain.load_state_dict(torch.load(tmp_path / "gpt.pt", weights_only=True))
+    assert weights_hash(plain) == trained
