@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU path in one go, for whoever has a GPU machine: the GPU tests, then a short
-# throughput run of a transformer-sized mlp (bf16) with achieved TFLOP/s. Under 5 minutes.
+# throughput run of a transformer-sized mlp (bf16) with achieved TFLOP/s, under DDP and
+# under FSDP. Under 6 minutes.
 #   bash scripts/gpu_smoke.sh            (after bash scripts/install.sh on a CUDA machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,14 +20,27 @@ WIDTH=4096 DEPTH=8 DIM=4096 BATCH=256 STEPS=200
     --name "mlp-$(date +%s)" --quiet --json > "$OUT/throughput.json"
 train_rc=$?
 
-"$PY" - "$OUT/throughput.json" $WIDTH $DEPTH $DIM <<'PY'
+# the same model and batches under FSDP2 (bf16 parameters, fp32 gradient reduction)
+"$PY" -m ray_ddp train --strategy fsdp --model mlp --width $WIDTH --depth $DEPTH --input-dim $DIM \
+    --output-dim $DIM --batch-size $BATCH --amp bf16 --optimizer adamw --lr 1e-4 --gpus-per-worker 1 \
+    --workers 1 --epochs 1 --steps-per-epoch $STEPS --report-every 50 --storage "$OUT/runs" \
+    --name "fsdp-$(date +%s)" --quiet --json > "$OUT/throughput_fsdp.json"
+fsdp_rc=$?
+
+for arm in ddp fsdp; do
+  file="$OUT/throughput.json"; [ $arm = fsdp ] && file="$OUT/throughput_fsdp.json"
+  "$PY" - "$file" $WIDTH $DEPTH $DIM $arm <<'PY'
 import json, sys
-summary = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+try:
+    summary = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+except (OSError, ValueError, IndexError):
+    sys.exit(f"{sys.argv[5]}: no summary (the run failed)")
 width, depth, dim = map(int, sys.argv[2:5])
 params = dim * width + (depth - 1) * width * width + width * dim  # the Linear weights
 tflops = 6 * params * summary["samples_per_s"] / 1e12  # forward + backward ~ 6 FLOP/param/sample
-print(f"mlp {params / 1e6:.0f}M params, bf16, 1 GPU: {summary['samples_per_s']:,.0f} samples/s, "
-      f"{tflops:.1f} TFLOP/s achieved, final loss {summary['final_loss']:.4f}")
+print(f"{sys.argv[5]}: mlp {params / 1e6:.0f}M params, bf16, 1 GPU: {summary['samples_per_s']:,.0f} "
+      f"samples/s, {tflops:.1f} TFLOP/s achieved, final loss {summary['final_loss']:.4f}")
 PY
-echo "gpu tests exit $tests_rc, throughput run exit $train_rc"
-exit $(( tests_rc || train_rc ))
+done
+echo "gpu tests exit $tests_rc, throughput runs exit ddp $train_rc fsdp $fsdp_rc"
+exit $(( tests_rc || train_rc || fsdp_rc ))

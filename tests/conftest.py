@@ -30,10 +30,11 @@ sys.path.insert(0, os.path.join(HERE, "helpers"))
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One real local Ray for every in-process integration test (starting Ray costs ~10 s)."""
+    """One real local Ray for every in-process integration test (starting Ray costs ~10 s).
+    8 CPU slots on any machine: room for runs of 2 workers side by side (test_fsdp)."""
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
     yield ray
     ray.shutdown()

@@ -127,3 +127,22 @@ def test_sync_batchnorm_and_a_classifier_on_one_gpu(ray_gpu, tmp_path):
                               name="syncbn", quiet=True))
     weights = torch.load(f"{summary.checkpoint}/{MODEL_FILE}", weights_only=True)
     assert "bn1d.running_mean" in weights and summary.val_accuracy is not None
+
+
+def test_fsdp_bf16_gpt_on_one_gpu_resumes_and_exports(ray_gpu, tmp_path):
+    """FSDP2 over NCCL with bf16 parameters and fp32 reductions: a run, a resume from its
+    sharded checkpoint, and both model.pt and `ray-ddp export` loading on the CPU."""
+    from ray_ddp.export import export_model
+    from ray_ddp.models import GPT
+
+    cfg = dict(model="gpt", strategy="fsdp", amp="bf16", width=64, depth=2, heads=4, seq_len=32,
+               task="lm", workers=1, gpus_per_worker=1, optimizer="adamw", lr=1e-3, clip_grad=1.0,
+               steps_per_epoch=10, storage=str(tmp_path), name="fsdp", quiet=True)
+    first = run(TrainConfig(epochs=1, **cfg))
+    resumed = run(TrainConfig(epochs=2, **cfg))
+    assert first.backend == "nccl" and resumed.resumed_from.endswith("step-00000010")
+    model = GPT(256, 64, 2, 4, 32)
+    model.load_state_dict(torch.load(f"{resumed.checkpoint}/{MODEL_FILE}", weights_only=True))
+    exported = export_model("fsdp", str(tmp_path), step=10, out=str(tmp_path / "ten.pt"))
+    assert exported.sharded and all(t.device.type == "cpu" for t in
+                                    torch.load(tmp_path / "ten.pt", weights_only=True).values())

@@ -23,22 +23,22 @@ from .test_recovery import progress_step, wait_for
 
 pytestmark = pytest.mark.ray
 
-# 4 epochs of 8 steps, 2 micro-batches a step, AdamW, clipping over the sharded gradients,
+# 4 epochs of 6 steps, 2 micro-batches a step, AdamW, clipping over the sharded gradients,
 # a warm-up schedule; a checkpoint every epoch, all kept.
-COMMON = dict(strategy="fsdp", epochs=4, steps_per_epoch=8, grad_accum=2, optimizer="adamw", lr=0.01,
-              report_every=4, report_interval=0, keep=4)
+COMMON = dict(strategy="fsdp", epochs=4, steps_per_epoch=6, grad_accum=2, optimizer="adamw", lr=0.01,
+              report_every=3, report_interval=0, keep=4)
 MODELS = {
-    "mlp": dict(model="user_models:slow_mlp"),  # the built-in mlp, leaving its pid
+    "mlp": dict(model="fsdp_models:slow_mlp"),  # the built-in mlp, leaving its pid
     # the built-in gpt (tied embedding: the root shards it) on text, validated every epoch
     # (FSDP's forward is a collective: every rank runs as many validation batches)
-    "gpt": dict(model="user_models:slow_gpt", seq_len=16, batch_size=8, val_fraction=0.2),
+    "gpt": dict(model="fsdp_models:slow_gpt", seq_len=16, batch_size=8, val_fraction=0.2),
 }
 
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
     path = tmp_path_factory.mktemp("text") / "text.txt"
-    path.write_text(("the quick brown fox jumps over the lazy dog. " * 7 + "\n") * 6)
+    path.write_text(("the quick brown fox jumps over the lazy dog. " * 7 + "\n") * 12)
     return str(path)
 
 
@@ -47,47 +47,60 @@ def config(storage, name, model, text, **kw):
     return small(storage, name, **{**COMMON, **MODELS[model], **extra, **kw})
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(ray_local, storage, text):
-    """model -> the summary of an uninterrupted FSDP run (made once, when first asked for)."""
-    made = {}
-
-    def get(model):
-        if model not in made:
-            made[model] = run(config(storage, f"fsdp-{model}", model, text))
-        return made[model]
-    return get
-
-
-@pytest.mark.parametrize("model", MODELS)
-def test_a_killed_worker_resumes_from_the_shards_bit_identical(uninterrupted, storage, text, model):
-    reference = uninterrupted(model)
-    name = f"fsdp-{model}-killed"
-    pid_dir = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name)
-    result = {}
+def run_in_thread(cfg) -> tuple[threading.Thread, dict]:
+    result: dict = {}
 
     def train():
         try:
-            result["summary"] = run(config(storage, name, model, text, max_failures=1))
-        except BaseException as err:  # surfaced by the assertions below
+            result["summary"] = run(cfg)
+        except BaseException as err:  # surfaced by the assertions
             result["error"] = err
 
     thread = threading.Thread(target=train)
     thread.start()
-    steps = reference.steps // 4  # per epoch
-    wait_for(lambda: progress_step(storage / name) >= steps + 2 or "error" in result, what="epoch 2")
-    pid = int(open(os.path.join(pid_dir, "1.pid")).read())
-    os.kill(pid, signal.SIGKILL)
-    thread.join(timeout=300)
+    return thread, result
+
+
+def summary_of(thread, result):
+    thread.join(timeout=400)
     assert "error" not in result, result.get("error")
-    summary = result["summary"]
+    return result["summary"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(ray_local, storage, text):
+    """For each model, an uninterrupted FSDP run and one whose rank 1 is SIGKILLed in
+    epoch 2 (restarted from the latest sharded checkpoint, --max-failures 1). All four
+    run at once (2 workers each): Ray's start-up of one overlaps the others' training."""
+    runs = {}
+    for model in MODELS:
+        runs[model] = run_in_thread(config(storage, f"fsdp-{model}", model, text))
+        runs[f"{model}-killed"] = run_in_thread(config(storage, f"fsdp-{model}-killed", model, text,
+                                                       max_failures=1))
+    killed_pids = {}
+    for model in MODELS:
+        name = f"fsdp-{model}-killed"
+        pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name, "1.pid")
+        # past epoch 2's first window: its first checkpoint (epoch 1) is written
+        wait_for(lambda: progress_step(storage / name) >= 9 or "error" in runs[f"{model}-killed"][1],
+                 timeout=300, what=f"{name} in epoch 2")
+        killed_pids[model] = int(open(pid_file).read())
+        os.kill(killed_pids[model], signal.SIGKILL)
+    summaries = {key: summary_of(*value) for key, value in runs.items()}
+    return summaries, killed_pids
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_killed_worker_resumes_from_the_shards_bit_identical(fsdp_runs, model):
+    summaries, killed_pids = fsdp_runs
+    reference, summary = summaries[model], summaries[f"{model}-killed"]
+    pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", f"fsdp-{model}-killed", "1.pid")
+    assert int(open(pid_file).read()) != killed_pids[model], "rank 1 is a new process"
     assert summary.epochs_completed == 4
-    assert int(open(os.path.join(pid_dir, "1.pid")).read()) != pid, "rank 1 is a new process"
-    rows = rows_of(summary)
+    rows, ref_rows = rows_of(summary), rows_of(reference)
     assert {r["loaded_hash"] for r in rows if r.get("loaded_hash") is not None}, "a checkpoint was loaded"
-    assert final_hashes(rows) == final_hashes(rows_of(reference))
-    ref_rows = rows_of(reference)
-    assert len({h for h in final_hashes(ref_rows).values()}) == 1, "one model, however sharded"
+    assert len(set(final_hashes(ref_rows).values())) == 1, "one model, however sharded"
+    assert final_hashes(rows) == final_hashes(ref_rows)
     if model == "gpt":
         assert summary.val_loss == reference.val_loss  # validated on every row, the same
 
@@ -97,38 +110,37 @@ def epoch_end_hash(rows, step):
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-def test_a_checkpoint_of_2_ranks_resumes_on_another_world_size(uninterrupted, storage, text, workers):
-    reference = uninterrupted("mlp")
+def test_a_checkpoint_of_2_ranks_resumes_on_another_world_size(fsdp_runs, storage, text, workers):
+    reference = fsdp_runs[0]["mlp"]
     name = f"fsdp-mlp-on-{workers}"
     shutil.copytree(storage / "fsdp-mlp", storage / name)
-    for step in (24, 32):  # leave step-16 (epoch 2) the newest
-        shutil.rmtree(storage / name / f"step-{step:08d}")
+    shutil.rmtree(storage / name / "step-00000024")  # leave step-18 (epoch 3) the newest
     (storage / name / "checkpoint_manager_snapshot.json").unlink()  # Ray's list of the removed
     summary = run(config(storage, name, "mlp", text, workers=workers))
-    assert summary.resumed_from.endswith("step-00000016") and summary.epochs_completed == 4
-    new_rows = [r for r in rows_of(summary) if r["step"] > 16]
+    assert summary.resumed_from.endswith("step-00000018") and summary.epochs_completed == 4
+    new_rows = [r for r in rows_of(summary) if r["step"] > 18]
     assert {r["world_size"] for r in new_rows} == {workers}
     assert {r["rank"] for r in new_rows} == set(range(workers))
-    # every rank loaded exactly the weights the 2 ranks had at step 16, resharded
+    # every rank loaded exactly the weights the 2 ranks had at step 18, resharded
     assert {r["loaded_hash"] for r in new_rows if r.get("loaded_hash") is not None} == \
-        {epoch_end_hash(rows_of(reference), 16)}
+        {epoch_end_hash(rows_of(reference), 18)}
 
 
-def test_export_consolidates_the_shards_into_a_plain_model_pt(uninterrupted, storage, tmp_path, capsys):
-    reference = uninterrupted("mlp")
+def test_export_consolidates_the_shards_into_a_plain_model_pt(fsdp_runs, storage, tmp_path, capsys):
+    reference = fsdp_runs[0]["mlp"]
     rows = rows_of(reference)
-    out = tmp_path / "mlp-16.pt"
-    assert main(["export", "fsdp-mlp", "--storage", str(storage), "--step", "16", "--out", str(out)]) == 0
+    out = tmp_path / "mlp-12.pt"
+    assert main(["export", "fsdp-mlp", "--storage", str(storage), "--step", "12", "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == (
-        f"exported step-00000016 of run fsdp-mlp (consolidated from its shards): 8 tensors, "
+        f"exported step-00000012 of run fsdp-mlp (consolidated from its shards): 8 tensors, "
         f"{sum(p.numel() for p in build_mlp(10, 5, 64, 3).parameters()):,} values -> {out}")
     plain = build_mlp(10, 5, 64, 3)  # the bare model: no ray_ddp, no FSDP
     plain.load_state_dict(torch.load(out, weights_only=True))
-    assert weights_hash(plain) == epoch_end_hash(rows, 16)
+    assert weights_hash(plain) == epoch_end_hash(rows, 12)
     # the last checkpoint holds model.pt, gathered at the end: the shards' weights
-    final = torch.load(storage / "fsdp-mlp" / "step-00000032" / MODEL_FILE, weights_only=True)
-    shards = read_model_state(str(storage / "fsdp-mlp" / "step-00000032"))
+    final = torch.load(storage / "fsdp-mlp" / "step-00000024" / MODEL_FILE, weights_only=True)
+    shards = read_model_state(str(storage / "fsdp-mlp" / "step-00000024"))
     assert final.keys() == shards.keys() and all(torch.equal(final[k], shards[k]) for k in final)
     plain.load_state_dict(final)
-    assert weights_hash(plain) == epoch_end_hash(rows, 32)
-    assert not (storage / "fsdp-mlp" / "step-00000016" / MODEL_FILE).exists(), "only the last gets one"
+    assert weights_hash(plain) == epoch_end_hash(rows, 24)
+    assert not (storage / "fsdp-mlp" / "step-00000012" / MODEL_FILE).exists(), "only the last gets one"

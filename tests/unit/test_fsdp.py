@@ -18,6 +18,7 @@ from ray_ddp.models import GPT, Block, build_mlp
 from ray_ddp.sharded import ShardedCheckpointWriter, load_sharded_checkpoint, read_model_state
 
 import pyarrow.fs as pafs
+from flaky_fs import FlakyHandler
 
 
 class Tied(nn.Module):
@@ -81,7 +82,10 @@ def sharded_gpt(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 
-def test_a_sharded_checkpoint_is_whole_reloads_exactly_and_exports(one_rank_group, tmp_path):
+@pytest.mark.parametrize("storage", ["local", "remote"])
+def test_a_sharded_checkpoint_is_whole_reloads_exactly_and_exports(one_rank_group, tmp_path, storage):
+    """``remote``: storage that is not the local filesystem (as s3:// is): the shards are
+    written to a local folder, then copied into it."""
     model, optimizer = sharded_gpt(seed=0)
     ids = torch.randint(0, 16, (4, 4))
     for _ in range(2):
@@ -89,7 +93,8 @@ def test_a_sharded_checkpoint_is_whole_reloads_exactly_and_exports(one_rank_grou
         model(ids).float().pow(2).mean().backward()
         optimizer.step()
     run = tmp_path / "runs" / "gpt"
-    writer = ShardedCheckpointWriter(pafs.LocalFileSystem(), lambda name: str(run / name), rank=0)
+    fs = pafs.LocalFileSystem() if storage == "local" else pafs.PyFileSystem(FlakyHandler(fail_opens=0))
+    writer = ShardedCheckpointWriter(fs, lambda name: str(run / name), rank=0)
     state = TrainState(epoch=1, step=2, rng=[{"torch": torch.get_rng_state()}])
     snapshot = writer.snapshot(model, optimizer, state, {"model": "gpt"}, {}, "step-00000002",
                                with_model=True)
