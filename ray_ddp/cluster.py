@@ -140,13 +140,26 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
+# FSDP on CPU gathers each unit's parameters (and reduces its gradients) through fresh
+# host buffers, layer after layer. glibc raises its mmap threshold to the largest block
+# freed so far, so from the second step on these buffers come from the heap, which holds
+# on to them: FSDP then peaks above DDP on host memory, the one thing it is for. A fixed
+# threshold returns every block of 1 MiB or more on free (benchmarks/fsdp_memory.py
+# shows both figures); on GPU the buffers live in CUDA memory and nothing is set. A value
+# in the driver's environment wins.
+FSDP_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+
+
 def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
-    """The one place that sets workers' environment: nothing, except that a user model,
-    dataset, loss or collate function (``package.module:callable``) must import on the
-    workers as it did here."""
+    """The one place that sets workers' environment: a user model, dataset, loss or
+    collate function (``package.module:callable``) must import on the workers as it did
+    here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV)."""
     specs = [spec for spec in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)
              if spec and ":" in spec and not spec.startswith("python:")]
-    return importable_env(*(spec.split(":")[0] for spec in specs)) if specs else {}
+    env = importable_env(*(spec.split(":")[0] for spec in specs)) if specs else {}
+    if cfg.strategy == "fsdp" and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        env = {**env, "env_vars": {**env.get("env_vars", {}), **FSDP_MALLOC_ENV}}
+    return env
 
 
 def importable_env(*module_names: str) -> dict[str, Any]:
