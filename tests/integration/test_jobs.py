@@ -49,9 +49,10 @@ def _stop(procs):
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    deadline = time.time() + 5  # one bound for all: a test cluster needs no slow graceful stop
     for proc in procs:
         try:
-            proc.wait(timeout=10)  # a test cluster: no need for Ray's slow graceful stop
+            proc.wait(timeout=max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
