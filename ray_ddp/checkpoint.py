@@ -171,7 +171,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint that must not be loaded: cut short, corrupt, or holding pickled code."""
 
 
-def _fingerprint(path: str) -> dict[str, int]:
+def file_fingerprint(path: str) -> dict[str, int]:
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -179,8 +179,10 @@ def _fingerprint(path: str) -> dict[str, int]:
     return {"bytes": os.path.getsize(path), "crc32": crc}
 
 
-def verify_checkpoint(directory: str) -> Optional[str]:
-    """None if the local checkpoint folder is whole, else what is wrong with it."""
+def verify_checkpoint(directory: str, shards_by_size: bool = False) -> Optional[str]:
+    """None if the local checkpoint folder is whole, else what is wrong with it.
+    ``shards_by_size``: FSDP shard files (``*.distcp``) are checked by size only: each
+    rank reads only its part of them, and the driver checked every byte before the run."""
     meta_path = os.path.join(directory, META_FILE)
     if not os.path.isfile(meta_path):
         return f"{META_FILE} is missing (a write that never finished)"
@@ -193,7 +195,12 @@ def verify_checkpoint(directory: str) -> Optional[str]:
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             return f"{name} is missing"
-        got = _fingerprint(path)
+        if shards_by_size and name.endswith(".distcp"):
+            size = os.path.getsize(path)
+            if size != want["bytes"]:
+                return f"{name} has {size} bytes, {want['bytes']} were written"
+            continue
+        got = file_fingerprint(path)
         if got["bytes"] != want["bytes"]:
             return f"{name} has {got['bytes']} bytes, {want['bytes']} were written"
         if got["crc32"] != want["crc32"]:

@@ -150,9 +150,10 @@ def load_checkpoint_to_resume(cfg: TrainConfig, loop_config: dict, model: nn.Mod
     problems = []
     for checkpoint in candidates:
         with checkpoint.as_directory() as directory:
-            problem = verify_checkpoint(directory)
+            sharded = is_sharded_checkpoint(directory)
+            problem = verify_checkpoint(directory, shards_by_size=sharded)
             if problem is None:
-                load = load_sharded_checkpoint if is_sharded_checkpoint(directory) else load_checkpoint
+                load = load_sharded_checkpoint if sharded else load_checkpoint
                 return load(directory, model, optimizer, stateful)
         problems.append(f"{_dir_name(checkpoint.path)}: {problem}")
     if problems:

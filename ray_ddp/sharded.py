@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 import warnings
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -40,8 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import META_FILE, MODEL_FILE, STATE_FILE, TrainState, CountingWriter, load_tensors, \
-    to_cpu
+from .checkpoint import META_FILE, MODEL_FILE, STATE_FILE, CountingWriter, TrainState, file_fingerprint, \
+    load_tensors, to_cpu
 
 DCP_METADATA = ".metadata"
 
@@ -114,7 +113,7 @@ class ShardedCheckpointWriter:
         try:
             path = self.path_for(dir_name)
             snapshot.future.result()  # DCP's write: after it, every rank's shards are whole
-            mine = {name: _file_fingerprint(os.path.join(snapshot.folder, name))
+            mine = {name: file_fingerprint(os.path.join(snapshot.folder, name))
                     for name in os.listdir(snapshot.folder) if self._wrote(name)}
             if not self.local:
                 self.fs.create_dir(path, recursive=True)
@@ -139,14 +138,6 @@ class ShardedCheckpointWriter:
     def _wrote(self, name: str) -> bool:
         """DCP names rank r's files __r_<i>.distcp; the coordinator (rank 0) writes .metadata."""
         return name.startswith(f"__{self.rank}_") or (self.rank == 0 and name == DCP_METADATA)
-
-
-def _file_fingerprint(path: str) -> dict[str, int]:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return {"bytes": os.path.getsize(path), "crc32": crc}
 
 
 def _save_counted(fs: pafs.FileSystem, path: str, obj: Any) -> dict[str, int]:

@@ -107,6 +107,10 @@ def test_a_complete_run_says_so_and_returns_at_once(full_run, storage, capsys):
 def test_resume_with_another_model_shape_is_refused(full_run, storage):
     with pytest.raises(ConfigError, match="was trained with model='toy'"):
         run(small(storage, "full", model="mlp", epochs=4))
+    # a DDP checkpoint holds the whole model, an FSDP one shards: never mixed up
+    with pytest.raises(ConfigError, match="was trained with strategy='ddp' but this command has "
+                                          "strategy='fsdp'; use the same value to resume"):
+        run(small(storage, "full", strategy="fsdp", epochs=4))
 
 
 def test_user_model_callable_trains_on_workers_in_bf16(ray_local, storage):

@@ -125,6 +125,17 @@ def test_a_sharded_checkpoint_is_whole_reloads_exactly_and_exports(one_rank_grou
     plain.load_state_dict(torch.load(tmp_path / "gpt.pt", weights_only=True))
     assert weights_hash(plain) == trained
 
+    # workers check a shard's size only (each reads just its part; the driver read all)
+    shard = folder / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert verify_checkpoint(str(folder)) == "__0_0.distcp is corrupt (CRC-32 mismatch)"
+    assert verify_checkpoint(str(folder), shards_by_size=True) is None
+    shard.write_bytes(bytes(data[:-1]))
+    assert verify_checkpoint(str(folder), shards_by_size=True) == \
+        f"__0_0.distcp has {len(data) - 1} bytes, {len(data)} were written"
+
 
 def test_fsdp_on_cpu_workers_returns_freed_gather_buffers_to_the_os(monkeypatch):
     from ray_ddp.cluster import worker_runtime_env
