@@ -7,6 +7,8 @@ Runs on the machine it measures (the driver of each arm is a subprocess of this 
   ray-ddp    `python -m ray_ddp train --model mlp ...` with the same sizes
   ray-ddp-every-step   the same with --report-every 1: a metrics row every step, which
              bounds what metrics cost (not in the default arms)
+  ray-ddp-plain-ddp    the same with --plain-ddp: DDP's defaults, as the torchrun script
+             has them (no gradient_as_bucket_view; not in the default arms)
 Each arm trains the same MLP with the same batch per worker for --warmup + --steps
 steps; rounds repeat the arms in rotated order and the table takes each figure's median.
 
@@ -39,7 +41,7 @@ sys.path.insert(0, HERE)
 
 from workload import add_workload_args  # noqa: E402
 
-ARMS = ("torchrun", "ray-train", "ray-ddp", "ray-ddp-every-step")
+ARMS = ("torchrun", "ray-train", "ray-ddp", "ray-ddp-every-step", "ray-ddp-plain-ddp")
 DEFAULT_ARMS = ARMS[:3]
 
 
@@ -61,7 +63,8 @@ def arm_command(arm: str, args, workers: int, out: str) -> list[str]:
                 "--report-every", str(args.plain_report_every), "--storage", os.path.join(out, "storage")]
     if arm.startswith("ray-ddp"):
         every = 1 if arm == "ray-ddp-every-step" else args.report_every
-        return [py, "-m", "ray_ddp", "train", "--model", "mlp", *common, "--optimizer", "sgd",
+        plain = ["--plain-ddp"] if arm == "ray-ddp-plain-ddp" else []
+        return [py, "-m", "ray_ddp", "train", "--model", "mlp", *common, *plain, "--optimizer", "sgd",
                 "--epochs", "1", "--steps-per-epoch", str(args.warmup + args.steps),
                 "--report-every", str(every), "--workers", str(workers),
                 "--gpus-per-worker", str(args.gpus_per_worker), "--storage", out, "--name", "run",

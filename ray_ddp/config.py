@@ -89,6 +89,10 @@ class TrainConfig:
                                 "(nn.SyncBatchNorm) instead of each rank's own", default=False)
     find_unused_parameters: bool = _opt("let DDP handle a forward that skips some parameters "
                                         "(slower; only for models that need it)", default=False)
+    plain_ddp: bool = _opt(
+        "wrap the model in DDP with its defaults, as a plain torchrun script does; without it "
+        "gradients live in DDP's communication buckets (gradient_as_bucket_view: one copy "
+        "less per step, and one gradient-sized buffer less)", default=False)
     strategy: str = _opt(
         "data parallelism: ddp (every rank holds the whole model, optimizer state and "
         "gradients) or fsdp (PyTorch FSDP2: all three sharded across the ranks, so memory per "
@@ -305,6 +309,8 @@ def _check_fsdp(cfg: TrainConfig) -> None:
     if cfg.find_unused_parameters:
         raise ConfigError("--find-unused-parameters is a DDP setting; FSDP handles a forward that "
                           "skips parameters itself: drop the flag")
+    if cfg.plain_ddp:
+        raise ConfigError("--plain-ddp is a DDP setting; drop it with --strategy fsdp")
     if cfg.fsdp_wrap is not None and not [c for c in cfg.fsdp_wrap.split(",") if c.strip()]:
         raise ConfigError("--fsdp-wrap needs at least one class name, e.g. torch.nn.TransformerEncoderLayer")
 

@@ -55,6 +55,7 @@ CASES = {
     "fsdp on a gpu pair": (["--strategy", "fsdp", "--gpus-per-worker", "2"], "use --gpus-per-worker 1"),
     "fsdp in fp16": (["--strategy", "fsdp", "--amp", "fp16"], "use --amp bf16"),
     "fsdp with unused parameters": (["--strategy", "fsdp", "--find-unused-parameters"], "drop the flag"),
+    "plain ddp with fsdp": (["--strategy", "fsdp", "--plain-ddp"], "--plain-ddp is a DDP setting"),
     "fsdp wrap without fsdp": (["--fsdp-wrap", "Block"], "--fsdp-wrap is for --strategy fsdp"),
     "fsdp wrap naming nothing": (["--strategy", "fsdp", "--model", "mlp", "--fsdp-wrap", "Block"],
                                  "--fsdp-wrap Block names no module of model mlp"),

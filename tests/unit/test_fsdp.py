@@ -2,11 +2,9 @@
 loaded back and exported, in this process (a real gloo process group of one rank)."""
 
 import json
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ray_ddp import ConfigError, TrainConfig
@@ -63,16 +61,6 @@ def test_validation_batches_are_as_many_on_every_rank_when_asked():
     equal = [[len(x) for x, _ in val.batches(r, 2, 16, equal_counts=True)] for r in range(2)]
     assert plain == [[16], [16, 1]]
     assert equal == [[16, 0], [16, 1]]  # every row once; rank 0 ends with an empty batch
-
-
-@pytest.fixture(scope="module")
-def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def sharded_gpt(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
