@@ -21,6 +21,7 @@ steps; rounds repeat the arms in rotated order and the table takes each figure's
     python benchmarks/throughput.py                       # the README's table
     python benchmarks/throughput.py --workers 1,2         # scaling, 1 vs 2 workers
     python benchmarks/throughput.py --json results.json   # also keep the raw figures
+    python benchmarks/throughput.py --preset gpu          # on a GPU machine: ray-ddp vs torchrun, bf16
 """
 
 from __future__ import annotations
@@ -47,7 +48,29 @@ DEFAULT_ARMS = ARMS[:3]
 
 def sizes(args) -> list[str]:
     return ["--width", str(args.width), "--depth", str(args.depth), "--input-dim", str(args.input_dim),
-            "--output-dim", str(args.output_dim), "--batch-size", str(args.batch_size)]
+            "--output-dim", str(args.output_dim), "--batch-size", str(args.batch_size), "--amp", args.amp]
+
+
+# `--preset gpu`: does ray-ddp cost anything on a GPU? A model that keeps one GPU busy, in
+# bf16, ray-ddp against plain DDP under torchrun, one worker per GPU. Without CUDA the same
+# command runs small sizes on the CPU. Flags given on the command line win over a preset.
+GPU_PRESET = dict(width=4096, depth=8, input_dim=4096, output_dim=4096, batch_size=256, amp="bf16",
+                  arms="torchrun,ray-ddp", warmup=20, steps=200)
+CPU_FALLBACK = dict(width=256, depth=2, input_dim=256, output_dim=16, batch_size=64, warmup=10, steps=50)
+
+
+def preset_defaults(argv) -> dict:
+    """The defaults a ``--preset`` in ``argv`` sets (before the real parse)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", choices=("gpu",))
+    known, _ = pre.parse_known_args(argv)
+    if known.preset != "gpu":
+        return {}
+    import torch
+
+    if not torch.cuda.is_available():
+        return {**GPU_PRESET, **CPU_FALLBACK}
+    return {**GPU_PRESET, "workers": str(torch.cuda.device_count()), "gpus_per_worker": 1}
 
 
 def arm_command(arm: str, args, workers: int, out: str) -> list[str]:
@@ -177,12 +200,13 @@ def describe_machine(args) -> str:
         where = f"{torch.cuda.get_device_name(0)}, nccl"
     return (f"{platform.node() or 'this machine'}: {os.cpu_count()} CPUs, {where}; python "
             f"{platform.python_version()}, torch {torch.__version__}; MLP {args.input_dim}-"
-            f"{'x'.join([str(args.width)] * args.depth)}-{args.output_dim}, batch {args.batch_size}/worker, "
+            f"{'x'.join([str(args.width)] * args.depth)}-{args.output_dim}"
+            f"{', bf16' if args.amp == 'bf16' else ''}, batch {args.batch_size}/worker, "
             f"{args.warmup} warm-up + {args.steps} timed steps, ray-ddp --report-every {args.report_every}, "
             f"plain Ray Train reports every {args.plain_report_every} steps")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(parser)
     parser.add_argument("--workers", default="2", help="worker counts to measure, e.g. 1,2")
@@ -194,7 +218,11 @@ def main() -> None:
     parser.add_argument("--plain-report-every", type=int, default=110,
                         help="steps per ray.train.report in the plain Ray Train arm (its 'epoch')")
     parser.add_argument("--json", help="write every round's raw figures here")
-    args = parser.parse_args()
+    parser.add_argument("--preset", choices=("gpu",),
+                        help="gpu: an mlp 4096-4096x8-4096 in bf16, batch 256, ray-ddp against "
+                             "torchrun on every GPU (small sizes on a machine without CUDA)")
+    parser.set_defaults(**preset_defaults(argv))
+    args = parser.parse_args(argv)
     if args.gpus_per_worker is None:
         import torch
 

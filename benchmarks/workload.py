@@ -36,6 +36,8 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=200, help="timed steps after the warm-up")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--amp", choices=("off", "bf16"), default="off",
+                        help="bf16: forward passes under torch.autocast, as ray-ddp's --amp bf16")
 
 
 def train(args, model: torch.nn.Module, device: torch.device, rank: int, world: int,
@@ -56,7 +58,9 @@ def train(args, model: torch.nn.Module, device: torch.device, rank: int, world: 
     for step in range(1, total + 1):
         x, y = synthetic_rows(teacher, args.seed, 0, step, rank * args.batch_size, args.batch_size)
         optimizer.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x), y)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            out = model(x)
+        loss = F.mse_loss(out, y)  # outside autocast, as ray-ddp's loop computes its loss
         loss.backward()
         optimizer.step()
         loss_sum += loss.detach()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU path in one go, for whoever has a GPU machine: the GPU tests, then a short
 # throughput run of a transformer-sized mlp (bf16) with achieved TFLOP/s, under DDP and
-# under FSDP. Under 6 minutes.
+# under FSDP, and ray-ddp against torchrun (benchmarks/throughput.py --preset gpu). Under 8
+# minutes.
 #   bash scripts/gpu_smoke.sh            (after bash scripts/install.sh on a CUDA machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,5 +43,8 @@ print(f"{sys.argv[5]}: mlp {params / 1e6:.0f}M params, bf16, 1 GPU: {summary['sa
       f"samples/s, {tflops:.1f} TFLOP/s achieved, final loss {summary['final_loss']:.4f}")
 PY
 done
-echo "gpu tests exit $tests_rc, throughput runs exit ddp $train_rc fsdp $fsdp_rc"
-exit $(( tests_rc || train_rc || fsdp_rc ))
+# does ray-ddp cost anything on a GPU? the same kind of model under torchrun, side by side
+"$PY" benchmarks/throughput.py --preset gpu --rounds 1 2>&1 | tee "$OUT/vs_torchrun.txt" | tail -6
+bench_rc=${PIPESTATUS[0]}
+echo "gpu tests exit $tests_rc, throughput runs exit ddp $train_rc fsdp $fsdp_rc, vs torchrun exit $bench_rc"
+exit $(( tests_rc || train_rc || fsdp_rc || bench_rc ))
