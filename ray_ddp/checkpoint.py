@@ -134,15 +134,24 @@ def write_checkpoint(directory: str, snapshot: CheckpointSnapshot,
     short is recognised as such."""
     fs = fs or pafs.LocalFileSystem()
     fs.create_dir(directory, recursive=True)
-    files = {}
-    for name, obj in ((MODEL_FILE, snapshot.model), (STATE_FILE, snapshot.train_state)):
-        with fs.open_output_stream(f"{directory}/{name}", buffer_size=1 << 20) as stream:
-            counted = CountingWriter(stream)
-            torch.save(obj, counted)
-        files[name] = {"bytes": counted.bytes, "crc32": counted.crc32}
-    meta = {**snapshot.meta, "time": time.time(), "files": files}
+    files = {name: save_counted(fs, f"{directory}/{name}", obj)
+             for name, obj in ((MODEL_FILE, snapshot.model), (STATE_FILE, snapshot.train_state))}
+    write_meta(fs, directory, snapshot.meta, files)
+
+
+def save_counted(fs: pafs.FileSystem, path: str, obj: Any) -> dict[str, int]:
+    """torch.save ``obj`` to ``path`` on ``fs``; its size and CRC-32, counted as the bytes go out."""
+    with fs.open_output_stream(path, buffer_size=1 << 20) as stream:
+        counted = CountingWriter(stream)
+        torch.save(obj, counted)
+    return {"bytes": counted.bytes, "crc32": counted.crc32}
+
+
+def write_meta(fs: pafs.FileSystem, directory: str, meta: dict[str, Any], files: dict[str, Any]) -> None:
+    """meta.json, the last file of a checkpoint: ``meta``, the time, and every file's
+    size and CRC-32 (``files``)."""
     with fs.open_output_stream(f"{directory}/{META_FILE}") as stream:
-        stream.write(json.dumps(meta).encode())
+        stream.write(json.dumps({**meta, "time": time.time(), "files": files}).encode())
 
 
 class CountingWriter:

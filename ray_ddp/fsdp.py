@@ -55,12 +55,14 @@ def shard_units(model: nn.Module, cfg: TrainConfig) -> list[nn.Module]:
     """The modules sharded as one unit each, before the root, in the model's order."""
     if cfg.fsdp_wrap is not None:
         classes = wrap_classes(cfg.fsdp_wrap)
-        # outermost matches only: a unit inside another unit would shard twice
+        # outermost matches only (modules() walks parents first): a unit inside another
+        # unit would shard twice
         units: list[nn.Module] = []
+        inside: set[int] = set()
         for module in model.modules():
-            if module is not model and _matches(module, classes) and not any(
-                    _contains(u, module) for u in units):
+            if module is not model and id(module) not in inside and _matches(module, classes):
                 units.append(module)
+                inside.update(id(m) for m in module.modules())
         return units
     from .models import GPT, Block
 
@@ -72,10 +74,6 @@ def shard_units(model: nn.Module, cfg: TrainConfig) -> list[nn.Module]:
         for p in child.parameters():
             owners[id(p)] = owners.get(id(p), 0) + 1
     return [c for c in children if all(owners[id(p)] == 1 for p in c.parameters())]
-
-
-def _contains(outer: nn.Module, inner: nn.Module) -> bool:
-    return any(m is inner for m in outer.modules())
 
 
 def check_fsdp_wrap(cfg: TrainConfig, model: nn.Module) -> int:
@@ -108,8 +106,3 @@ def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.
     fully_shard(model, mesh=mesh, mp_policy=root_policy)
     return model
 
-
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)

@@ -24,12 +24,10 @@ on the driver (``read_model_state``, for ``ray-ddp export``).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -39,8 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import META_FILE, MODEL_FILE, STATE_FILE, CountingWriter, TrainState, file_fingerprint, \
-    load_tensors, to_cpu
+from .checkpoint import MODEL_FILE, STATE_FILE, TrainState, file_fingerprint, load_tensors, save_counted, \
+    to_cpu, write_meta
 
 DCP_METADATA = ".metadata"
 
@@ -127,10 +125,8 @@ class ShardedCheckpointWriter:
                 files = {name: fp for part in everyone for name, fp in part.items()}
                 for name, obj in ((STATE_FILE, snapshot.train_state), (MODEL_FILE, snapshot.model)):
                     if obj is not None:
-                        files[name] = _save_counted(self.fs, f"{path}/{name}", obj)
-                meta = {**snapshot.meta, "time": time.time(), "files": files}
-                with self.fs.open_output_stream(f"{path}/{META_FILE}") as stream:
-                    stream.write(json.dumps(meta).encode())
+                        files[name] = save_counted(self.fs, f"{path}/{name}", obj)
+                write_meta(self.fs, path, snapshot.meta, files)
             return path
         finally:
             self._idle.set()
@@ -138,13 +134,6 @@ class ShardedCheckpointWriter:
     def _wrote(self, name: str) -> bool:
         """DCP names rank r's files __r_<i>.distcp; the coordinator (rank 0) writes .metadata."""
         return name.startswith(f"__{self.rank}_") or (self.rank == 0 and name == DCP_METADATA)
-
-
-def _save_counted(fs: pafs.FileSystem, path: str, obj: Any) -> dict[str, int]:
-    with fs.open_output_stream(path, buffer_size=1 << 20) as stream:
-        counted = CountingWriter(stream)
-        torch.save(obj, counted)
-    return {"bytes": counted.bytes, "crc32": counted.crc32}
 
 
 def load_sharded_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer,
