@@ -107,9 +107,12 @@ class TrainConfig:
         "model.pt (rank 0 would hold all of it in host memory; `ray-ddp export` makes one "
         "later)", default=False)
     # --- placement ---
-    workers: Optional[int] = _opt(
-        "training workers (world size); default: GPUs / gpus-per-worker on a GPU cluster, else 2",
-        default=None,
+    workers: Optional[str] = _opt(
+        "training workers (world size): N, or MIN-MAX for an elastic run that starts once MIN "
+        "fit, grows toward MAX as nodes join and goes on with fewer when nodes leave (each "
+        "change a restart from the latest checkpoint; the global batch stays fixed); default: "
+        "GPUs / gpus-per-worker on a GPU cluster, else 2",
+        default=None, parse=lambda value: parse_workers(value),
     )
     gpus_per_worker: Optional[int] = _opt(
         "GPUs each worker owns: 0 (CPU), 1, or 2 (a pair for a two-stage model); "
@@ -137,12 +140,19 @@ class TrainConfig:
     epochs: int = _opt("total epochs (a resumed run trains up to this many)", default=3)
     steps_per_epoch: int = _opt("optimizer steps per epoch (with --data or --dataset: as many as "
                                 "one pass over the rows takes)", default=20)
-    batch_size: int = _opt("samples per step on EACH worker", default=32)
+    batch_size: int = _opt("samples per micro-batch on EACH worker (what fits in its memory)",
+                           default=32)
+    global_batch: Optional[int] = _opt(
+        "samples per optimizer step over all workers, fixed for the whole run whatever the world "
+        "size: each worker's micro-batches (at most --batch-size) and accumulation steps are "
+        "worked out for the world size it runs in; default: workers (MAX of a range) x "
+        "batch-size x grad-accum", default=None)
     lr: float = _opt("learning rate", default=0.05)
     optimizer: str = _opt("optimizer: sgd (momentum 0.9) or adamw", default="sgd", choices=OPTIMIZERS)
     seed: int = _opt("seed for weights and data (same seed, same run)", default=0)
     grad_accum: int = _opt("micro-batches per optimizer step (DDP syncs gradients on the last "
-                           "only); global batch = workers x batch-size x grad-accum", default=1)
+                           "only); global batch = workers x batch-size x grad-accum (with "
+                           "--global-batch: worked out from it)", default=1)
     amp: str = _opt("mixed precision: off, bf16 (GPU or CPU), fp16 (GPU, with a gradient scaler)",
                     default="off", choices=AMP_MODES)
     clip_grad: float = _opt("clip the gradient norm to this (0: no clipping)", default=0.0)
@@ -168,7 +178,12 @@ class TrainConfig:
         "least seconds between sends of metrics rows to Ray Train, which takes one report per "
         "worker per poll (2 s); sooner ones would stall training (0: send every row; "
         "checkpoints always send)", default=3.0)
-    max_failures: int = _opt("worker-group restarts from the latest checkpoint before giving up", default=0)
+    max_failures: int = _opt("worker-group restarts from the latest checkpoint before giving up "
+                             "(-1: no limit); node preemptions are not counted here", default=0)
+    max_preemptions: int = _opt(
+        "restarts after spot-node preemptions before giving up (-1: no limit); when a node is "
+        "drained for preemption the workers save a checkpoint at the next report and wait for "
+        "the restart", default=-1)
     tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "
                              "(local storage)", default=False)
     # --- output ---
@@ -223,9 +238,17 @@ class TrainConfig:
                      "report_every", "input_dim", "output_dim", "width", "depth", "grad_accum",
                      "heads", "seq_len", "vocab_size", "eval_every"):
             _require_positive(name, getattr(self, name))
-        for name in ("workers", "cpus_per_worker", "num_classes"):
+        for name in ("cpus_per_worker", "num_classes", "global_batch"):
             if getattr(self, name) is not None:
                 _require_positive(name, getattr(self, name))
+        self.workers = parse_workers(self.workers) if self.workers is not None else None
+        if isinstance(self.workers, int):
+            _require_positive("workers", self.workers)
+        if self.global_batch is not None and self.grad_accum != 1:
+            raise ConfigError("--global-batch decides the accumulation steps (global batch / "
+                              "(workers x batch-size)); drop --grad-accum")
+        if self.max_preemptions < -1:
+            raise ConfigError("--max-preemptions must be -1 (no limit), 0 or more")
         if not math.isfinite(self.report_interval) or self.report_interval < 0:
             raise ConfigError(f"--report-interval must be 0 or more seconds, got {self.report_interval}")
         if not math.isfinite(self.wait_for_resources) or self.wait_for_resources < 0:
@@ -315,6 +338,36 @@ def _check_fsdp(cfg: TrainConfig) -> None:
         raise ConfigError("--fsdp-wrap needs at least one class name, e.g. torch.nn.TransformerEncoderLayer")
 
 
+def parse_workers(value: Any) -> Any:
+    """``--workers``: N (an int) or an elastic range MIN-MAX (kept as the string "MIN-MAX";
+    MIN == MAX is the fixed N)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"--workers must be N or MIN-MAX, got {value!r}")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+)\s*-\s*(\d+)", text)
+    if match:
+        low, high = int(match[1]), int(match[2])
+        if low < 1 or high < low:
+            raise ConfigError(f"--workers {text}: an elastic range needs 1 <= MIN <= MAX, e.g. 2-8")
+        return low if low == high else f"{low}-{high}"
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    raise ConfigError(f"--workers must be a number N or a range MIN-MAX (e.g. 2-8), got {text!r}")
+
+
+def worker_range(workers: Any) -> Optional[tuple[int, int]]:
+    """(MIN, MAX) of ``--workers`` (N gives (N, N)); None when not given."""
+    if workers is None:
+        return None
+    value = parse_workers(workers)
+    if isinstance(value, int):
+        return value, value
+    low, high = value.split("-")
+    return int(low), int(high)
+
+
 def _require_positive(name: str, value: int) -> None:
     if value <= 0:
         raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
@@ -327,6 +380,8 @@ def _coerce(f: dataclasses.Field, value: Any, key: str) -> Any:
         if "Optional" in kind:
             return None
         raise ConfigError(f"config key '{key}' needs a value")
+    if "parse" in f.metadata:
+        return f.metadata["parse"](value)
     try:
         if "bool" in kind:
             if isinstance(value, bool):

@@ -53,9 +53,18 @@ def synthetic_rows(teacher: torch.Tensor, seed: int, epoch: int, step: int, star
     return x, y
 
 
-def micro_batch_start(rank: int, micro: int, grad_accum: int, batch_size: int) -> int:
-    """Where a rank's micro-batch begins in the global batch (ranks take contiguous runs)."""
-    return (rank * grad_accum + micro) * batch_size
+def accumulation_for(global_batch: int, world: int, batch_size: int) -> int:
+    """Micro-batches per step on each of ``world`` ranks, so that no micro-batch holds
+    more than ``batch_size`` rows of a ``global_batch``-row step (elastic runs redo this
+    for every world size they get)."""
+    return max(1, -(-global_batch // (world * batch_size)))
+
+
+def part_span(total: int, parts: int, k: int) -> tuple[int, int]:
+    """(start, count) of part ``k`` when ``total`` rows are cut into ``parts`` contiguous
+    parts whose sizes differ by at most one, larger first (as torch.tensor_split cuts)."""
+    size, extra = divmod(total, parts)
+    return k * size + min(k, extra), size + (1 if k < extra else 0)
 
 
 # ----------------------------------------------------------------------------- sources
@@ -66,17 +75,19 @@ def micro_batch_start(rank: int, micro: int, grad_accum: int, batch_size: int) -
 
 
 class SyntheticSource:
-    """The synthetic task: every step a full global batch of fresh rows."""
+    """The synthetic task: every step a full global batch of fresh rows, cut into world x
+    accumulation parts in order (rank r takes parts r*accum .. r*accum+accum-1)."""
 
-    def __init__(self, teacher: torch.Tensor, seed: int, rank: int, world: int, batch_size: int,
+    def __init__(self, teacher: torch.Tensor, seed: int, rank: int, world: int, global_batch: int,
                  grad_accum: int):
         self.teacher, self.seed, self.rank = teacher, seed, rank
-        self.batch_size, self.grad_accum = batch_size, grad_accum
-        self.share = float(batch_size * grad_accum)
+        self.world, self.global_batch, self.grad_accum = world, global_batch, grad_accum
+        self.share = global_batch / world
 
     def micro_batch(self, epoch: int, step: int, micro: int):
-        start = micro_batch_start(self.rank, micro, self.grad_accum, self.batch_size)
-        x, y = synthetic_rows(self.teacher, self.seed, epoch, step, start, self.batch_size)
+        start, count = part_span(self.global_batch, self.world * self.grad_accum,
+                                 self.rank * self.grad_accum + micro)
+        x, y = synthetic_rows(self.teacher, self.seed, epoch, step, start, count)
         return x, y, self.share
 
 
@@ -87,13 +98,12 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 def rows_of_step(order: torch.Tensor, step: int, rank: int, micro: int, world: int,
-                 batch_size: int, grad_accum: int) -> tuple[torch.Tensor, float]:
+                 global_batch: int, grad_accum: int) -> tuple[torch.Tensor, float]:
     """Row indices of one micro-batch, and each rank's share of the step's rows.
 
-    Step ``s`` takes rows ``order[s*G:(s+1)*G]`` (G = world x batch x accum; the last
-    step takes what is left) split in order into world x accum parts, so every row is
-    seen once per epoch and the global batch does not depend on the split."""
-    global_batch = world * batch_size * grad_accum
+    Step ``s`` takes rows ``order[s*G:(s+1)*G]`` (G: the global batch; the last step
+    takes what is left) split in order into world x accum parts, so every row is seen
+    once per epoch and the global batch does not depend on the split."""
     rows = order[step * global_batch:(step + 1) * global_batch]
     parts = torch.tensor_split(rows, world * grad_accum)
     return parts[rank * grad_accum + micro], len(rows) / world
@@ -108,16 +118,16 @@ class IndexedSource:
     empty batch (zero gradient), so every rank takes the same steps."""
 
     def __init__(self, rows: int, fetch: Callable[[torch.Tensor], tuple], seed: int, rank: int,
-                 world: int, batch_size: int, grad_accum: int):
+                 world: int, global_batch: int, grad_accum: int):
         self.rows, self.fetch, self.seed = rows, fetch, seed
-        self.rank, self.world, self.batch_size, self.grad_accum = rank, world, batch_size, grad_accum
+        self.rank, self.world, self.global_batch, self.grad_accum = rank, world, global_batch, grad_accum
         self._order_epoch, self._order = -1, None
 
     def micro_batch(self, epoch: int, step: int, micro: int):
         if epoch != self._order_epoch:
             self._order_epoch, self._order = epoch, epoch_order(self.rows, self.seed, epoch)
         idx, share = rows_of_step(self._order, step, self.rank, micro, self.world,
-                                  self.batch_size, self.grad_accum)
+                                  self.global_batch, self.grad_accum)
         x, y = self.fetch(idx)
         return x, y, share
 
@@ -175,42 +185,38 @@ def part_bounds(rows: int, world: int) -> list[int]:
     return [rows * r // world for r in range(world + 1)]
 
 
-def stream_steps(rows: int, world: int, batch_size: int, grad_accum: int) -> int:
-    """Steps per epoch when streaming: enough for the longest part."""
-    longest = -(-rows // world)
-    return max(1, -(-longest // (batch_size * grad_accum)))
-
-
 class StreamSource:
     """A parquet data set read one row group at a time, for data larger than memory.
 
     Each epoch the row groups come in an order fixed by (seed, epoch), their rows
     shuffled within the group (also fixed); rank r trains on its contiguous part of
-    that stream (``part_bounds``). Every row is seen exactly once per epoch, the order is
-    the same run to run, and any step can be found again (a mid-epoch resume skips
-    whole row groups without reading them). A rank holds one row group in memory.
-    Ranks whose part has run out in the last step train on an empty batch, which adds
-    zero to the gradient, so every rank takes the same number of steps."""
+    that stream (``part_bounds``), cut into ``steps`` pieces (one per step, sizes
+    differing by at most one row: about global batch / world rows), each cut into the
+    step's micro-batches. Every row is seen exactly once per epoch, the order is the
+    same run to run, the steps of an epoch do not depend on the world size, and any step
+    can be found again (a mid-epoch resume skips whole row groups without reading them).
+    A rank holds one row group in memory. Parts are per rank, so a world-size change
+    inside an epoch re-cuts the rest of that epoch: there, rows may be seen twice or not
+    at all (the next epoch is whole again)."""
 
     def __init__(self, groups: list[tuple[str, int, int]],
                  read_group: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]],
-                 seed: int, rank: int, world: int, batch_size: int, grad_accum: int):
+                 seed: int, rank: int, world: int, steps: int, grad_accum: int):
         self.groups, self.read_group, self.seed = groups, read_group, seed
-        self.rank, self.world, self.batch_size = rank, world, batch_size
-        self.per_step = batch_size * grad_accum
+        self.rank, self.world, self.steps, self.grad_accum = rank, world, steps, grad_accum
         self.bounds = part_bounds(sum(rows for _, _, rows in groups), world)
         self._epoch, self._starts, self._order = -1, [], None
         self._cached_key, self._cached = None, None
 
     def micro_batch(self, epoch: int, step: int, micro: int):
         part = self.bounds[self.rank + 1] - self.bounds[self.rank]
-        offset = step * self.per_step + micro * self.batch_size
-        count = max(0, min(self.batch_size, part - offset))
-        x, y = self._rows(epoch, self.bounds[self.rank] + offset, count)
+        piece_start, piece_rows = part_span(part, self.steps, step)
+        start, count = part_span(piece_rows, self.grad_accum, micro)
+        x, y = self._rows(epoch, self.bounds[self.rank] + piece_start + start, count)
         return x, y, self._rows_in_step(step) / self.world
 
     def _rows_in_step(self, step: int) -> int:
-        return sum(max(0, min(self.per_step, self.bounds[r + 1] - self.bounds[r] - step * self.per_step))
+        return sum(part_span(self.bounds[r + 1] - self.bounds[r], self.steps, step)[1]
                    for r in range(self.world))
 
     def _rows(self, epoch: int, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,6 +246,6 @@ class StreamSource:
         return self._cached
 
 
-def steps_for_rows(rows: int, world: int, batch_size: int, grad_accum: int) -> int:
-    global_batch = world * batch_size * grad_accum
+def steps_for_rows(rows: int, global_batch: int) -> int:
+    """Steps per epoch: one pass over ``rows`` in global batches (in memory or streamed)."""
     return max(1, -(-rows // global_batch))

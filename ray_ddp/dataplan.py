@@ -120,19 +120,26 @@ def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any)
     return 0
 
 
-def fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig], workers: int) -> TrainConfig:
+def fit_batch_to(cfg: TrainConfig, max_workers: int, given_global_batch: Optional[int]) -> TrainConfig:
+    """The global batch of the run: ``--global-batch`` if given, else the largest world
+    size x batch-size x grad-accum (what a fixed-size run has always had)."""
+    return dataclasses.replace(cfg, global_batch=given_global_batch or
+                               max_workers * cfg.batch_size * cfg.grad_accum)
+
+
+def fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig]) -> TrainConfig:
     """The config with what the data decides: the task, the model's sizes, and the steps
-    per epoch (one pass over the training rows, which depends on the world size)."""
-    from .data import steps_for_rows, stream_steps
+    per epoch (one pass over the training rows in global batches: ``cfg.global_batch``
+    must be set, and the steps do not depend on the world size)."""
+    from .data import steps_for_rows
 
     if shape is None:
         return dataclasses.replace(cfg, task=cfg.task or "regression")
     rows = shape.rows - (shape.val_rows if cfg.val_fraction else 0)
     changes: dict[str, Any] = dict(task=shape.task)
     if rows:  # training rows from data (not synthetic)
-        steps = stream_steps if cfg.stream else steps_for_rows
         changes.update(input_dim=shape.input_dim, output_dim=shape.output_dim,
-                       steps_per_epoch=steps(rows, workers, cfg.batch_size, cfg.grad_accum))
+                       steps_per_epoch=steps_for_rows(rows, cfg.global_batch))
     if shape.task == "classification" and shape.num_classes:
         changes["num_classes"] = shape.num_classes
     if shape.task == "lm" and shape.num_classes and cfg.model == "gpt" and shape.num_classes > cfg.vocab_size:

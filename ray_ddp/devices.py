@@ -24,12 +24,28 @@ CPUS_PER_WORKER = 1
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """What the job asks Ray for: ``workers`` actors, each with these resources."""
+    """What the job asks Ray for: ``workers`` actors, each with these resources; an
+    elastic run (``min_workers`` < ``workers``) starts with as many as fit, at least
+    ``min_workers``."""
 
     workers: int
     gpus_per_worker: int
     cpus_per_worker: int
     backend: str
+    min_workers: Optional[int] = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers < self.workers
+
+    @property
+    def needed(self) -> int:
+        """Workers the run cannot start without (the preflight counts these)."""
+        return self.min_workers if self.elastic else self.workers
+
+    def num_workers(self):
+        """ScalingConfig's num_workers: N, or (MIN, MAX) for Ray's elastic policy."""
+        return (self.min_workers, self.workers) if self.elastic else self.workers
 
     @property
     def use_gpu(self) -> bool:
@@ -43,7 +59,8 @@ class PlacementConfig:
 
     def describe(self) -> str:
         each = f"{self.gpus_per_worker} GPU" if self.use_gpu else f"{self.cpus_per_worker} CPU"
-        return f"{self.workers} workers x {each}, backend {self.backend}"
+        count = f"{self.min_workers}-{self.workers}" if self.elastic else str(self.workers)
+        return f"{count} workers x {each}, backend {self.backend}"
 
 
 def plan_placement(
@@ -54,6 +71,7 @@ def plan_placement(
     stages: int = 1,
     cpus_per_worker: Optional[int] = None,
     local_cpus: Optional[int] = None,
+    min_workers: Optional[int] = None,
 ) -> PlacementConfig:
     """Fill in the defaults from the GPUs of each node (``node_gpus``) and check the pairs fit.
 
@@ -64,7 +82,8 @@ def plan_placement(
     - more GPUs per worker than the model has stages is refused;
     - workers defaults to how many whole slots of gpus_per_worker GPUs the nodes hold
       (a pair never straddles two nodes), or 2 on CPU;
-    - backend defaults to nccl on GPU, gloo on CPU.
+    - backend defaults to nccl on GPU, gloo on CPU;
+    - an elastic run (``min_workers`` below ``workers``, its MAX) plans for MAX workers.
     """
     total_gpus = sum(node_gpus)
     if gpus_per_worker is not None:
@@ -98,8 +117,8 @@ def plan_placement(
         # Ray starts a 1-CPU worker with OMP_NUM_THREADS=1, so one CPU worker alone on a
         # many-core machine would use one core; a Ray of our own is ours to fill.
         cpus_per_worker = max(1, local_cpus // workers) if gpw == 0 and local_cpus else CPUS_PER_WORKER
-    return PlacementConfig(workers=workers, gpus_per_worker=gpw,
-                           cpus_per_worker=cpus_per_worker, backend=backend)
+    return PlacementConfig(workers=workers, gpus_per_worker=gpw, cpus_per_worker=cpus_per_worker,
+                           backend=backend, min_workers=min_workers if min_workers != workers else None)
 
 
 def _describe_gpus(node_gpus: Sequence[int]) -> str:

@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 from .checkpoint import CheckpointScan, find_latest_checkpoint
-from .cluster import attach_ray, worker_runtime_env
-from .config import ConfigError, TrainConfig
+from .cluster import ClusterConfig, attach_ray, ensure_cluster_fits
+from .config import ConfigError, TrainConfig, worker_range
 from .devices import PlacementConfig, plan_placement
-from .dataplan import fit_data_to, inspect_data
+from .dataplan import fit_batch_to, fit_data_to, inspect_data
 from .models import check_model, load_callable, model_stages
-from .preflight import ensure_cluster_fits
+from .worker_env import worker_runtime_env
 from .progress import show_progress
 from .storage import (EVAL_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
                       read_json, read_table, resolve_storage, write_json)
@@ -63,6 +63,10 @@ class RunSummary:
     val_accuracy: Optional[float] = None  # classification
     val_perplexity: Optional[float] = None  # lm
     best_checkpoint: Optional[str] = None  # with --keep-best: the lowest validation loss's
+    # the world size of every stretch of the run: [{"world_size", "from_step", "to_step"}]
+    world_sizes: Optional[list[dict[str, int]]] = None
+    # checkpoints saved on a node's preemption notice: [{"node_id", "step", "checkpoint", ...}]
+    preemptions: Optional[list[dict[str, Any]]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +76,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         train_data: Any = None, val_data: Any = None, loss: Optional[Callable] = None) -> RunSummary:
     """Train as ``cfg`` says and return the summary. Raises ConfigError on a user mistake
     (before anything is written) and TrainingError when training failed. ``cfg`` itself is
-    left as it was: the defaults filled in here go to a copy.
+    left as it was: each step below returns a resolved copy.
 
     Objects instead of module paths: ``model`` an nn.Module or a callable returning one,
     ``train_data`` / ``val_data`` map-style Datasets of (input, target) pairs, ``loss``
@@ -80,77 +84,140 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     (cloudpickle), so they may be defined in a notebook or a script workers cannot import."""
     started = time.time()
     marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
-    cfg = _with_default_name(_with_objects(dataclasses.replace(cfg), model, train_data, loss).validate())
     objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss}
-    if cfg.keep_best and not (cfg.val_data or cfg.val_fraction or val_data is not None):
+    cfg = check_config(cfg, objects)
+    data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds
+    given_batch = cfg.global_batch  # None: workers x batch x accum, once the workers are known
+    cfg = fit_data_to(fit_batch_to(cfg, (worker_range(cfg.workers) or (1, 1))[1], given_batch),
+                      data_shape)  # redone below for the world size the cluster gives
+    check_model(cfg, model)
+    store = open_storage(cfg)
+    start = find_start(cfg, store, data_shape, echo)
+    if start.complete:
+        summary = read_json(store.fs, f"{store.run_path(cfg.name)}/{SUMMARY_FILE}")
+        if summary is not None:
+            return RunSummary(**{**summary, "already_complete": True})
+        return _write_summary(cfg, store, None, start.resumed_from, started)
+
+    marks["attach"] = time.time()
+    workers = worker_range(cfg.workers)
+    with attach_ray(cfg.address, cfg.verbose,
+                    local_cpus=(workers[1] if workers else 0) * (cfg.cpus_per_worker or 1)) as cluster:
+        marks["ray"] = time.time()
+        cfg, placement = place_workers(cfg, cluster, data_shape, given_batch, echo)
+        announce(cfg, placement, start, store, echo)
+        marks["fit"] = time.time()
+        _fit_with_status(cfg, store, placement, start, objects, echo)
+    return _write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
+
+
+@dataclass(frozen=True)
+class StartState:
+    """Where a run starts: the checkpoint scan, the resumed folder's URI (None for a new
+    run), and whether the run is already complete."""
+
+    scan: CheckpointScan
+    resumed_from: Optional[str]
+    complete: bool
+
+
+def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:
+    """The validated config with the run's name, the Python API's objects named in it, and
+    the user's loss and collate functions imported (workers import them too: fail here)."""
+    cfg = _with_objects(dataclasses.replace(cfg), objects["model"], objects["train_data"],
+                        objects["loss"]).validate()
+    if cfg.name is None:
+        cfg = dataclasses.replace(cfg, name=time.strftime("ray_ddp-%Y%m%d-%H%M%S"))
+    if cfg.keep_best and not (cfg.val_data or cfg.val_fraction or objects["val_data"] is not None):
         raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
                           "give --val-data, --val-fraction or val_data=")
     for spec, what in ((cfg.loss, "loss"), (cfg.collate, "collate")):
         if spec is not None:
-            load_callable(spec, what=what)  # workers import it too: fail here, in seconds
-    data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds
-    cfg = fit_data_to(cfg, data_shape, cfg.workers or 1)  # redone below for the real world size
-    check_model(cfg, model)
+            load_callable(spec, what=what)
+    return cfg
+
+
+def open_storage(cfg: TrainConfig) -> StorageConfig:
+    """The run storage, checked writable (and local, for TensorBoard's event files)."""
     store = resolve_storage(cfg.storage)
     check_writable(store)
     if cfg.tensorboard and not store.is_local:
         raise ConfigError(f"--tensorboard writes event files to a local disk; --storage {cfg.storage} "
                           "is not one (use a local or shared path, or drop --tensorboard)")
-    run_path = store.run_path(cfg.name)
-    scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
+    return store
+
+
+def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callable[[str], None]) -> StartState:
+    """The newest whole checkpoint of the run (every file checked), whether this command
+    can resume from it, and whether there is anything left to train."""
+    scan = find_latest_checkpoint(store.fs, store.run_path(cfg.name), verify_crc=True)
     _say_broken(cfg, scan, echo)
     resumed_from = f"{_join(store.uri, cfg.name)}/{scan.latest}" if scan.latest else None
+    complete = False
     if scan.meta is not None:
-        _check_resumable(cfg, scan.meta, scan.latest, data_decides_steps=data_shape is not None and data_shape.rows > 0)
+        _check_resumable(cfg, scan.meta, scan.latest,
+                         data_decides_steps=data_shape is not None and data_shape.rows > 0)
         if scan.meta["epoch"] >= cfg.epochs:
             echo(f"run {cfg.name} is already complete ({scan.meta['epoch']}/{cfg.epochs} epochs); "
                  "nothing to do (raise --epochs to train further)")
-            summary = read_json(store.fs, f"{run_path}/{SUMMARY_FILE}")
-            if summary is not None:
-                return RunSummary(**{**summary, "already_complete": True})
-            return _write_summary(cfg, store, None, resumed_from, started)
+            complete = True
+    return StartState(scan, resumed_from, complete)
 
-    marks["attach"] = time.time()
-    with attach_ray(cfg.address, cfg.verbose,
-                    local_cpus=(cfg.workers or 0) * (cfg.cpus_per_worker or 1)) as cluster:
-        marks["ray"] = time.time()
-        placement = plan_placement(cfg.workers, cfg.gpus_per_worker, cfg.backend, cluster.node_gpus,
-                                   stages=model_stages(cfg.model), cpus_per_worker=cfg.cpus_per_worker,
-                                   local_cpus=cluster.own_cpus)
-        cfg = fit_data_to(cfg, data_shape, placement.workers)
-        if cfg.amp == "fp16" and not placement.use_gpu:
-            raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
-        if cfg.sync_batchnorm and not placement.use_gpu:
-            raise ConfigError("--sync-batchnorm needs GPUs (PyTorch's SyncBatchNorm runs on CUDA "
-                              "only); drop it on CPU")
-        ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
-        cfg = dataclasses.replace(cfg, workers=placement.workers, gpus_per_worker=placement.gpus_per_worker,
-                                  cpus_per_worker=placement.cpus_per_worker, backend=placement.backend)
-        if not cfg.quiet:
-            where = f"resuming from {resumed_from}" if resumed_from else "new run"
-            echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
-                 f"global batch {describe_global_batch(cfg, placement.workers)}, {cfg.epochs} "
-                 f"epochs x {cfg.steps_per_epoch} steps -> {run_path}")
-        loop_config = {"config": cfg.to_dict(), "resume_from": scan.latest,
-                       "newest_at_start": scan.newest, "total_steps": planned_steps(cfg, scan.meta),
-                       "objects": {k: v for k, v in objects.items() if v is not None}}
-        _write_status(store, run_path, "running", cfg, placement)
-        marks["fit"] = time.time()
-        try:
-            with show_progress(store, run_path, echo, enabled=not cfg.quiet):
-                _fit(cfg, store, placement, loop_config)
-        except TrainingError as err:
-            _write_status(store, run_path, "failed", cfg, placement, error=str(err))
-            raise
-        except KeyboardInterrupt:
-            _write_status(store, run_path, "interrupted", cfg, placement)
-            raise
-        except BaseException as err:  # a bug or a storage failure: never leave "running"
-            _write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
-            raise
 
+def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, given_batch: Optional[int],
+                  echo: Callable[[str], None]) -> tuple[TrainConfig, PlacementConfig]:
+    """Plan the placement on this cluster, check the cluster can ever hold it (waiting for
+    an autoscaler if it must), and return the config resolved for it: workers, devices,
+    backend, the global batch and the steps per epoch."""
+    workers = worker_range(cfg.workers)
+    placement = plan_placement(workers[1] if workers else None, cfg.gpus_per_worker, cfg.backend,
+                               cluster.node_gpus, stages=model_stages(cfg.model),
+                               cpus_per_worker=cfg.cpus_per_worker, local_cpus=cluster.own_cpus,
+                               min_workers=workers[0] if workers else None)
+    if cfg.amp == "fp16" and not placement.use_gpu:
+        raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
+    if cfg.sync_batchnorm and not placement.use_gpu:
+        raise ConfigError("--sync-batchnorm needs GPUs (PyTorch's SyncBatchNorm runs on CUDA "
+                          "only); drop it on CPU")
+    ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
+    cfg = fit_data_to(fit_batch_to(cfg, placement.workers, given_batch), data_shape)
+    cfg = dataclasses.replace(cfg, workers=f"{placement.min_workers}-{placement.workers}"
+                              if placement.elastic else placement.workers,
+                              gpus_per_worker=placement.gpus_per_worker,
+                              cpus_per_worker=placement.cpus_per_worker, backend=placement.backend)
+    return cfg, placement
+
+
+def announce(cfg: TrainConfig, placement: PlacementConfig, start: StartState, store: StorageConfig,
+             echo: Callable[[str], None]) -> None:
+    if not cfg.quiet:
+        where = f"resuming from {start.resumed_from}" if start.resumed_from else "new run"
+        echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
+             f"global batch {describe_global_batch(cfg, placement)}, {cfg.epochs} "
+             f"epochs x {cfg.steps_per_epoch} steps -> {store.run_path(cfg.name)}")
+
+
+def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+                     start: StartState, objects: dict[str, Any], echo: Callable[[str], None]) -> None:
+    """TrainerConfig.fit() with progress shown, and status.json telling where it stands."""
+    run_path = store.run_path(cfg.name)
+    loop_config = {"config": cfg.to_dict(), "resume_from": start.scan.latest,
+                   "newest_at_start": start.scan.newest, "total_steps": planned_steps(cfg, start.scan.meta),
+                   "objects": {k: v for k, v in objects.items() if v is not None}}
+    _write_status(store, run_path, "running", cfg, placement)
+    try:
+        with show_progress(store, run_path, echo, enabled=not cfg.quiet):
+            _fit(cfg, store, placement, loop_config)
+    except TrainingError as err:
+        _write_status(store, run_path, "failed", cfg, placement, error=str(err))
+        raise
+    except KeyboardInterrupt:
+        _write_status(store, run_path, "interrupted", cfg, placement)
+        raise
+    except BaseException as err:  # a bug or a storage failure: never leave "running"
+        _write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
+        raise
     _write_status(store, run_path, "complete", cfg, placement)
-    return _write_summary(cfg, store, placement, resumed_from, started, marks, scan.meta)
 
 
 def planned_steps(cfg: TrainConfig, meta: Optional[dict[str, Any]]) -> int:
@@ -185,17 +252,18 @@ def _with_objects(cfg: TrainConfig, model: Any, train_data: Any, loss: Any) -> T
     return dataclasses.replace(cfg, **changes)
 
 
-def describe_global_batch(cfg: TrainConfig, workers: int) -> str:
-    total = workers * cfg.batch_size * cfg.grad_accum
-    if cfg.grad_accum == 1:
-        return str(total)
-    return f"{total} ({workers} workers x {cfg.batch_size} x {cfg.grad_accum} accumulation steps)"
+def describe_global_batch(cfg: TrainConfig, placement: PlacementConfig) -> str:
+    """The global batch, and how it is cut (for an elastic run: at its largest world size)."""
+    from .data import accumulation_for
 
-
-def _with_default_name(cfg: TrainConfig) -> TrainConfig:
-    if cfg.name is None:
-        cfg.name = time.strftime("ray_ddp-%Y%m%d-%H%M%S")
-    return cfg
+    accum = accumulation_for(cfg.global_batch, placement.workers, cfg.batch_size)
+    if placement.elastic:
+        return (f"{cfg.global_batch}, fixed whatever the world size (micro-batches of at most "
+                f"{cfg.batch_size}; {accum} accumulation step(s) per worker at {placement.workers} workers)")
+    if accum == 1 and cfg.global_batch == placement.workers * cfg.batch_size:
+        return str(cfg.global_batch)
+    return (f"{cfg.global_batch} ({placement.workers} workers x {accum} accumulation steps of at most "
+            f"{cfg.batch_size})")
 
 
 def _join(base: str, name: str) -> str:
@@ -227,9 +295,14 @@ def _write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainCon
     except ValueError:  # not JSON: start the record afresh
         old = {}
     now = time.time()
+    from .metrics import world_stretches  # imports Ray
+
+    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}") if state != "running" else None
+    stretches = world_stretches(table) if table is not None and table.num_rows else old.get("world_sizes", [])
     write_json(store.fs, path, {
         "state": state, "created": old.get("created", now), "updated": now,
-        "epochs": cfg.epochs, "world_size": placement.workers,
+        "epochs": cfg.epochs, "world_size": stretches[-1]["world_size"] if stretches else placement.workers,
+        "workers": cfg.workers, "world_sizes": stretches,
         "gpus_per_worker": placement.gpus_per_worker, "model": cfg.model, "error": error,
     })
 
@@ -260,7 +333,7 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend=placement.backend),
         scaling_config=ScalingConfig(
-            num_workers=placement.workers,
+            num_workers=placement.num_workers(),  # (MIN, MAX): Ray's elastic policy
             use_gpu=placement.use_gpu,
             resources_per_worker=placement.resources_per_worker(),
         ),
@@ -269,7 +342,9 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
             storage_path=store.uri,
             # with --keep-best, the metrics callback prunes (newest --keep and the best)
             checkpoint_config=CheckpointConfig(num_to_keep=None if cfg.keep_best else cfg.keep),
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            # a preemption restart is counted apart from failures (Ray tells them apart)
+            failure_config=FailureConfig(max_failures=cfg.max_failures,
+                                         max_preemption_failures=cfg.max_preemptions),
             callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, loop_config["total_steps"],
                                        tensorboard=cfg.tensorboard, keep=cfg.keep, keep_best=cfg.keep_best)],
             worker_runtime_env=worker_runtime_env(cfg),
@@ -356,7 +431,7 @@ def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[P
                    resumed_from: Optional[str], started: float,
                    marks: Optional[dict[str, float]] = None,
                    resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
-    from .metrics import summarize_metrics
+    from .metrics import preemption_checkpoints, summarize_metrics, world_stretches  # imports Ray
 
     run_path = store.run_path(cfg.name)
     run_uri = _join(store.uri, cfg.name)
@@ -368,11 +443,17 @@ def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[P
     validation = summarize_evals(evals.to_pylist() if evals is not None else [], run_path, store.fs,
                                  run_uri if cfg.keep_best else None)
     resumed_step = int(resumed_meta["step"]) if resumed_meta else 0
-    stats = summarize_metrics(table, resumed_step) if table is not None and table.num_rows else {}
+    has_rows = table is not None and table.num_rows > 0
+    stats = summarize_metrics(table, resumed_step) if has_rows else {}
+    stretches = world_stretches(table) if has_rows else []
     summary = RunSummary(
         run=cfg.name,
         path=run_uri,
-        world_size=placement.workers if placement else meta.get("world_size", 0),
+        # the world size the run ended on (an elastic run's stretches: world_sizes)
+        world_size=stretches[-1]["world_size"] if stretches else
+        (placement.workers if placement else meta.get("world_size", 0)),
+        world_sizes=stretches,
+        preemptions=preemption_checkpoints(table) if has_rows else [],
         gpus_per_worker=placement.gpus_per_worker if placement else saved_cfg.get("gpus_per_worker", 0),
         epochs_completed=meta.get("epoch", 0),
         final_loss=stats.get("final_loss"),

@@ -60,12 +60,12 @@ def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
 
         table = inspect_table(cfg.data, cfg.features, cfg.target, cfg.task)
         source = StreamSource(list_row_groups(table), row_group_reader(table, cfg.seq_len), cfg.seed,
-                              rank, world, cfg.batch_size, cfg.grad_accum)
+                              rank, world, cfg.steps_per_epoch, cfg.grad_accum)
         return source, _given_val_set(cfg, objects, collate)
     rows_and_fetch = _training_rows(cfg, objects, collate)
     if rows_and_fetch is None:
         teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(device)
-        source = SyntheticSource(teacher, cfg.seed, rank, world, cfg.batch_size, cfg.grad_accum)
+        source = SyntheticSource(teacher, cfg.seed, rank, world, cfg.global_batch, cfg.grad_accum)
         return source, _given_val_set(cfg, objects, collate)
     rows, fetch = rows_and_fetch
     if cfg.val_fraction:
@@ -76,7 +76,7 @@ def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
 
 
 def _source_maker(cfg: TrainConfig, rank: int, world: int):
-    return lambda rows, fetch: IndexedSource(rows, fetch, cfg.seed, rank, world, cfg.batch_size,
+    return lambda rows, fetch: IndexedSource(rows, fetch, cfg.seed, rank, world, cfg.global_batch,
                                              cfg.grad_accum)
 
 

@@ -17,6 +17,7 @@ rank's ``ShardedCheckpointWriter`` under FSDP).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .checkpoint import CheckpointError, TrainState, load_checkpoint, restore_rng, \
     verify_checkpoint, weights_hash
 from .config import TrainConfig
+from .data import accumulation_for
 from .devices import peak_memory_mb, wrap_ddp
 from .fsdp import shard_model
 from .inputs import ValSet, build_inputs
@@ -57,10 +59,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
     when the run began, "total_steps": the step the run ends at, "objects": what the
     Python API passed (model, train_data, val_data, loss; Ray ships them pickled)}."""
     started_at = time.time()  # reported once: where the start-up seconds went
-    cfg = TrainConfig.from_dict(loop_config["config"])
-    objects = loop_config.get("objects") or {}
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    # an elastic run gets its world size from Ray at each (re)start: the fixed global
+    # batch is cut into micro-batches and accumulation steps for this one
+    cfg = fit_to_world(TrainConfig.from_dict(loop_config["config"]), world_size)
+    objects = loop_config.get("objects") or {}
     devices = _worker_devices(cfg)
     # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
     # follows the CPUs it asked for, but torch may have read it before)
@@ -96,7 +100,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn)
     source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects)
     run = _WorkerRun(cfg, rank, world_size, devices, parts, task, source, val_set, state, loaded_hash,
-                     started_at)
+                     started_at, loop_config["total_steps"])
     try:
         run.train()
     except RuntimeError as err:
@@ -105,6 +109,15 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 "the model's forward did not use every parameter, and DDP needs each one's "
                 "gradient for its all-reduce; pass --find-unused-parameters") from None
         raise
+
+
+def fit_to_world(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """The config for this world size: accumulation steps such that each micro-batch
+    holds at most --batch-size rows of the run's fixed global batch."""
+    if cfg.global_batch is None:
+        return cfg
+    return dataclasses.replace(cfg, grad_accum=accumulation_for(cfg.global_batch, world_size,
+                                                                cfg.batch_size))
 
 
 @dataclass
@@ -261,7 +274,7 @@ class _WorkerRun:
     """One worker's training run: epochs of steps, closed into metrics windows."""
 
     def __init__(self, cfg, rank, world_size, devices, parts: TrainParts, task: Task, source,
-                 val_set: Optional[ValSet], state, loaded_hash, started_at: float):
+                 val_set: Optional[ValSet], state, loaded_hash, started_at: float, total_steps: int):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.node_rank = ray.train.get_context().get_node_rank()
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -275,6 +288,8 @@ class _WorkerRun:
         self.amp_dtype = None if cfg.strategy == "fsdp" else \
             {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
         self.window = self._new_window()
+        self.total_steps = total_steps
+        self.preemptions_seen: set[tuple[str, ...]] = set()
         nccl = dist.get_backend() == "nccl"
         self.reporter = Reporter(rank, world_size, cfg.report_interval,
                                  self.in_device if nccl else torch.device("cpu"),
@@ -371,21 +386,22 @@ class _WorkerRun:
     def _close_window(self, epoch: int, save: bool, epoch_end: bool, evaluated: Optional[dict] = None) -> None:
         """End this rank's metrics window (one metrics.parquet row), stop every rank
         together if any saw a non-finite loss (or, before a checkpoint, weights), and
-        send the rows not yet sent when a checkpoint or a send is due."""
+        send the rows not yet sent when a checkpoint or a send is due. When a node of
+        the run is being preempted, save a checkpoint here, whatever the step, and wait
+        for Ray to restart the run without that node."""
         w = self.window
         # windows run from close to close, so the cost of sending (a barrier, a
         # checkpoint) shows in the throughput of the window after it
         now = time.perf_counter()
-        due, bad_loss, bad_weights = self.reporter.agree(
+        due, check, bad_loss, bad_weights = self.reporter.agree(
             bool(w.loss_bad.item()), save and not weights_are_finite(self.model))
-        if bad_loss or bad_weights:
-            what = "loss" if bad_loss else "weights"
-            ranks = bad_loss or bad_weights
-            on = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
-            raise NonFiniteLossError(
-                f"{what} became non-finite (NaN or inf) on {on} in epoch {epoch + 1} by "
-                f"step {self.state.step}; no checkpoint holds them; lower --lr, set --clip-grad, "
-                "or check the data")
+        self._stop_if_not_finite(epoch, bad_loss, bad_weights)
+        notice = self._preemption_notice() if check else None  # the same on every rank
+        if notice is not None and not save:
+            flag = torch.tensor([float(not weights_are_finite(self.model))],
+                                device=self.reporter.collective_device)
+            dist.all_reduce(flag)  # never checkpoint poisoned weights, even now
+            save = not flag.item()
         elapsed = now - w.started
         samples = w.samples
         totals = {k: float(v) for k, v in w.sums.items()}  # one device sync per window, not per step
@@ -409,6 +425,8 @@ class _WorkerRun:
             metrics["weights_hash"] = weights_hash(self.model)
         if evaluated is not None:
             metrics.update(evaluated)
+        if notice is not None:
+            metrics.update(notice)
         if self.first_report is not None:
             metrics.update((k, v) for k, v in self.first_report.items() if v is not None)
             self.first_report = None
@@ -418,12 +436,50 @@ class _WorkerRun:
             self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict(), final=final)
         elif due:
             self.reporter.send()
-        self.window = self._new_window(started=now)
+        if notice is not None and self.state.step < self.total_steps:
+            wait_for_restart(notice["preemption_deadline"])
+        self.window = self._new_window(started=time.perf_counter() if notice else now)
+
+    def _stop_if_not_finite(self, epoch: int, bad_loss: list[int], bad_weights: list[int]) -> None:
+        if bad_loss or bad_weights:
+            what = "loss" if bad_loss else "weights"
+            ranks = bad_loss or bad_weights
+            on = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
+            raise NonFiniteLossError(
+                f"{what} became non-finite (NaN or inf) on {on} in epoch {epoch + 1} by "
+                f"step {self.state.step}; no checkpoint holds them; lower --lr, set --clip-grad, "
+                "or check the data")
+
+    def _preemption_notice(self) -> Optional[dict]:
+        """A new preemption of a node of this run, as metrics columns (the preempted
+        nodes and the deadline, in seconds since the epoch), or None. Asked of Ray on
+        every rank at once (a barrier); each preemption is answered once."""
+        info = ray.train.get_preemption_info()
+        if info is None or tuple(info.preempted_node_ids) in self.preemptions_seen:
+            return None
+        self.preemptions_seen.add(tuple(info.preempted_node_ids))
+        deadline = info.deadline_ms / 1000 if info.deadline_ms else time.time() + DEFAULT_PREEMPTION_WAIT_S
+        return {"preempted_node": ",".join(info.preempted_node_ids), "preemption_deadline": deadline}
 
     def _new_window(self, started: Optional[float] = None) -> _Window:
         return _Window(sums={}, busy=_BusyClock(self.in_device),
                        started=time.perf_counter() if started is None else started,
                        loss_bad=torch.zeros((), dtype=torch.bool, device=self.out_device))
+
+
+# When a drain names no deadline, Ray restarts the run this long after the notice
+# (ray.train.v2 DEFAULT_PREEMPTION_DEADLINE_S).
+DEFAULT_PREEMPTION_WAIT_S = 120.0
+# How long past the deadline a rank waits for the restart before it trains on (the drain
+# was called off, or the node outlived its deadline).
+RESTART_WAIT_S = 60.0
+
+
+def wait_for_restart(deadline: float) -> None:
+    """After a preemption checkpoint: train no further (those steps would be lost with the
+    node) and let Ray restart the run from that checkpoint once the node is gone."""
+    while time.time() < deadline + RESTART_WAIT_S:
+        time.sleep(0.5)
 
 
 def weights_are_finite(model: nn.Module) -> bool:

@@ -26,7 +26,8 @@ from .storage import (EVAL_FILE, METRICS_FILE, PROGRESS_FILE, read_table, resolv
 # The columns every row has, in order; the issue names the first eight.
 COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time", "busy_s",
            "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash", "max_rss_mb",
-           "gpu_max_mb", "started_at", "first_step_at", "accuracy", "perplexity")
+           "gpu_max_mb", "started_at", "first_step_at", "accuracy", "perplexity", "preempted_node",
+           "preemption_deadline")
 SCHEMA = pa.schema([
     ("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("loss", pa.float64()),
     ("samples", pa.int64()), ("step_time_s", pa.float64()), ("samples_per_s", pa.float64()),
@@ -36,6 +37,8 @@ SCHEMA = pa.schema([
     ("max_rss_mb", pa.float64()), ("gpu_max_mb", pa.float64()),
     ("started_at", pa.float64()), ("first_step_at", pa.float64()),
     ("accuracy", pa.float64()), ("perplexity", pa.float64()),
+    # on the row whose checkpoint a preemption notice caused: the drained nodes, the deadline
+    ("preempted_node", pa.string()), ("preemption_deadline", pa.float64()),
 ])
 # eval.parquet: one row per validation (every rank reports the same all-reduced figures)
 EVAL_SCHEMA = pa.schema([
@@ -91,6 +94,7 @@ class MetricsCallback(UserCallback):
         self._rows: Optional[list[dict[str, Any]]] = None  # loaded lazily in the controller
         self._evals: list[dict[str, Any]] = []
         self._stragglers = StragglerState()
+        self._preemptions: list[dict[str, Any]] = []  # shown by the driver as they come
         self._tb = None
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
@@ -116,6 +120,9 @@ class MetricsCallback(UserCallback):
             checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
         )
         progress["straggler"] = straggler
+        if windows[-1][0].get("preempted_node") and checkpoint is not None:
+            self._preemptions.append(describe_preemption(windows[-1][0], progress["checkpoint"]))
+        progress["preemptions"] = self._preemptions
         write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", progress)
         if self.tensorboard:
             for window in windows:
@@ -147,6 +154,36 @@ class MetricsCallback(UserCallback):
 
             self._tb = SummaryWriter(logdir=f"{run_dir}/tensorboard")
         _write_tensorboard_rows(self._tb, metrics)
+
+
+def describe_preemption(row: dict[str, Any], checkpoint: str) -> dict[str, Any]:
+    """A preemption checkpoint, as progress.json and summary.json show it."""
+    return {"node_id": row["preempted_node"], "step": int(row["step"]), "checkpoint": checkpoint,
+            "deadline_in_s": round(row["preemption_deadline"] - row["time"], 1),
+            "world_size": int(row["world_size"])}
+
+
+def world_stretches(table: pa.Table) -> list[dict[str, int]]:
+    """The world size of every stretch of the run, in step order: steps ``from_step``
+    (exclusive) to ``to_step`` (inclusive) ran on ``world_size`` workers."""
+    sizes = sorted({(r["step"], r["world_size"]) for r in table.select(["step", "world_size"]).to_pylist()})
+    stretches: list[dict[str, int]] = []
+    previous = 0
+    for step, size in sizes:
+        if stretches and stretches[-1]["world_size"] == size:
+            stretches[-1]["to_step"] = step
+        else:
+            stretches.append({"world_size": size, "from_step": previous, "to_step": step})
+        previous = step
+    return stretches
+
+
+def preemption_checkpoints(table: pa.Table) -> list[dict[str, Any]]:
+    """Every checkpoint a preemption notice caused, from the metrics table (rank 0's rows)."""
+    from .checkpoint import checkpoint_dir_name
+
+    return [describe_preemption(r, checkpoint_dir_name(r["step"])) for r in table.to_pylist()
+            if r["rank"] == 0 and r.get("preempted_node")]
 
 
 def eval_row(m: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Runs on the driver, in a thread that polls ``progress.json``, which the metrics 
 rewrites in the Ray Train controller after every report. On a terminal it draws a tqdm
 bar (epoch/step, loss, samples/s, ETA); when stdout is not a terminal (job logs, CI,
 pipes) it prints one plain line per report it sees; ``--quiet`` shows neither. Straggler
-warnings (decided in the callback, which sees every report) are printed either way.
+warnings (decided in the callback, which sees every report) and preemption checkpoints
+are printed either way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def format_straggler(s: dict[str, Any]) -> str:
             f"{s['ratio']:.1f}x the median rank's for {s['reports']} reports in a row "
             f"({s['busy_s']:.3f} s vs {s['median_s']:.3f} s); check its node "
             f"({(s.get('node_id') or '?')[:12]})")
+
+
+def format_preemption(e: dict[str, Any]) -> str:
+    nodes = ", ".join(n[:12] for n in e["node_id"].split(","))
+    return (f"node {nodes} is being preempted (deadline in {max(0.0, e['deadline_in_s']):.0f} s): "
+            f"checkpoint {e['checkpoint']} saved")
 
 
 class _Bar:
@@ -83,10 +90,11 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     seen = read_json(store.fs, path)  # a resumed run's old file: not news
     last_time = seen["time"] if seen else None
     warned: set[tuple[int, int]] = set()
+    told = len(seen.get("preemptions") or []) if seen else 0  # preemptions already printed
     stop = threading.Event()
 
     def show_new() -> None:
-        nonlocal last_time
+        nonlocal last_time, told
         try:
             p = read_json(store.fs, path)
         except ValueError:  # written atomically, so only a file someone else put there
@@ -98,6 +106,12 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
         if straggler and (straggler["rank"], straggler["since_step"]) not in warned:
             warned.add((straggler["rank"], straggler["since_step"]))
             (bar.write if bar else echo)(format_straggler(straggler))
+        events = p.get("preemptions") or []
+        if len(events) < told:  # a new controller (a resumed run) starts its list afresh
+            told = 0
+        for event in events[told:]:
+            (bar.write if bar else echo)(format_preemption(event))
+        told = len(events)
         if bar is not None:
             bar.show(p)
         else:

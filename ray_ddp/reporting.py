@@ -7,7 +7,9 @@ window would stall a fast loop. Windows (metrics.parquet rows) are closed by the
 the ``Reporter`` holds them and sends them together when a checkpoint is due, or when
 ``report_interval`` has passed. A report is a barrier, so every rank takes the same
 decision: the loop agrees on it in one all-reduce per window (``agree``), which also
-carries each rank's non-finite flags.
+carries each rank's non-finite flags, and whether to ask Ray if a node is being
+preempted (``ray.train.get_preemption_info`` is a barrier through Ray, so it is asked
+at window ends, at most every PREEMPTION_CHECK_S seconds, never per step).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from .checkpoint import capture_rng, checkpoint_dir_name
 from .sharded import ShardedCheckpointWriter
 from .writer import CheckpointWriter
 
+# Least seconds between two preemption checks. Ray's PreemptionWatcher polls node drains
+# every 5 s (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S), so asking more often finds nothing sooner.
+PREEMPTION_CHECK_S = 1.0
+
 
 class Reporter:
     """Batches this rank's closed windows to Ray; rank 0 also hands Ray its checkpoints."""
@@ -34,7 +40,7 @@ class Reporter:
         self.report_interval = report_interval
         self.collective_device = collective_device  # where a tensor for the backend lives
         self.unsent: list[dict[str, Any]] = []
-        self.last_sent = time.perf_counter()
+        self.last_sent = self.last_preemption_check = time.perf_counter()
         self.sharded = sharded
         self.writer = None
         storage = ray.train.get_context().get_storage()
@@ -45,21 +51,25 @@ class Reporter:
             self.writer = CheckpointWriter(storage.storage_filesystem,
                                            storage.build_checkpoint_path_from_name)
 
-    def agree(self, loss_bad: bool, weights_bad: bool) -> tuple[bool, list[int], list[int]]:
+    def agree(self, loss_bad: bool, weights_bad: bool) -> tuple[bool, bool, list[int], list[int]]:
         """One all-reduce: whether a send is due (rank 0's clock: ``report_interval`` has
-        passed and no checkpoint is being written, as Ray keeps reports in order), and
-        which ranks saw a non-finite loss, and non-finite weights."""
-        due = (self.rank == 0 and time.perf_counter() - self.last_sent >= self.report_interval
-               and self.writer.idle())
-        flags = torch.zeros(1 + 2 * self.world_size, device=self.collective_device)
-        flags[0] = float(due)
-        flags[1 + self.rank] = float(loss_bad)
-        flags[1 + self.world_size + self.rank] = float(weights_bad)
+        passed and no checkpoint is being written, as Ray keeps reports in order),
+        whether a preemption check is due (rank 0's clock again), and which ranks saw a
+        non-finite loss, and non-finite weights."""
+        now = time.perf_counter()
+        due = self.rank == 0 and now - self.last_sent >= self.report_interval and self.writer.idle()
+        check = self.rank == 0 and now - self.last_preemption_check >= PREEMPTION_CHECK_S
+        flags = torch.zeros(2 + 2 * self.world_size, device=self.collective_device)
+        flags[0], flags[1] = float(due), float(check)
+        flags[2 + self.rank] = float(loss_bad)
+        flags[2 + self.world_size + self.rank] = float(weights_bad)
         dist.all_reduce(flags)
         values = flags.tolist()
-        bad_loss = [r for r in range(self.world_size) if values[1 + r]]
-        bad_weights = [r for r in range(self.world_size) if values[1 + self.world_size + r]]
-        return values[0] > 0 or self.report_interval <= 0, bad_loss, bad_weights
+        bad_loss = [r for r in range(self.world_size) if values[2 + r]]
+        bad_weights = [r for r in range(self.world_size) if values[2 + self.world_size + r]]
+        if values[1] > 0:
+            self.last_preemption_check = now
+        return values[0] > 0 or self.report_interval <= 0, values[1] > 0, bad_loss, bad_weights
 
     def add(self, row: dict[str, Any]) -> None:
         self.unsent.append(row)

@@ -138,7 +138,7 @@ def _start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from .preflight import describe_need
+    from .cluster import describe_need
 
     bundle = placement.resources_per_worker()
     pg = placement_group([bundle] * placement.workers, strategy="PACK")
@@ -229,7 +229,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, gpus_per_pr
     """
     if not join:
         raise ValueError("ray_ddp.spawn supports join=True only (it waits for every process)")
-    from .cluster import importable_env
+    from .worker_env import importable_env
 
     placement = _placement(nprocs, gpus_per_process)
     return _run_with_restarts(placement, address, max_failures, wait_for_resources,
@@ -320,7 +320,7 @@ def _run_with_restarts(placement: PlacementConfig, address: Optional[str], max_f
                        wait_s: float, run_group: Callable[[_Group], list],
                        runtime_env: Optional[dict] = None) -> list[Any]:
     from .cluster import attach_ray
-    from .preflight import ensure_cluster_fits
+    from .cluster import ensure_cluster_fits
 
     with attach_ray(address, verbose=False, local_cpus=placement.workers):
         ensure_cluster_fits(placement, wait_s=wait_s, echo=lambda line: print(line, file=sys.stderr))

@@ -142,7 +142,7 @@ def test_storage_uri_holds_checkpoints_metrics_and_summary(ray_local, tmp_path):
 
 def test_waiting_for_nodes_gives_up_after_the_bound(ray_local):
     from ray_ddp.devices import plan_placement
-    from ray_ddp.preflight import describe_need, wait_for_autoscaler
+    from ray_ddp.cluster import describe_need, wait_for_autoscaler
 
     too_many = plan_placement(64, 0, None, [0])  # the shared local Ray has 8 CPUs
     said = []

@@ -3,7 +3,7 @@
 import pyarrow as pa
 import torch
 
-from ray_ddp.data import micro_batch_start, synthetic_rows, teacher_weights
+from ray_ddp.data import SyntheticSource, accumulation_for, part_span, synthetic_rows, teacher_weights
 from ray_ddp.driver import describe_startup
 from ray_ddp.metrics import SCHEMA, summarize_metrics, unpack_windows
 
@@ -17,14 +17,27 @@ def test_rows_repeat_exactly_and_differ_across_steps_and_epochs():
 
 
 def test_the_global_batch_is_the_same_rows_however_it_is_split():
+    # what an elastic run relies on: 256 rows per step on 1, 2, 3 or 4 workers, each
+    # micro-batch at most 64 rows, the accumulation worked out for the world size
     t = teacher_weights(0, 10, 5)
     whole_x, whole_y = synthetic_rows(t, 0, 0, 7, 0, 256)
-    for world, accum, batch in [(2, 2, 64), (1, 4, 64), (4, 1, 64), (3, 1, 85)]:
-        parts = [synthetic_rows(t, 0, 0, 7, micro_batch_start(r, m, accum, batch), batch)
-                 for r in range(world) for m in range(accum)]
-        x = torch.cat([p[0] for p in parts])
-        assert torch.equal(x, whole_x[: len(x)])
-        assert torch.equal(torch.cat([p[1] for p in parts]), whole_y[: len(x)])
+    for world in (1, 2, 3, 4):
+        accum = accumulation_for(256, world, 64)
+        sources = [SyntheticSource(t, 0, r, world, 256, accum) for r in range(world)]
+        parts = [src.micro_batch(0, 7, m) for src in sources for m in range(accum)]
+        assert max(len(p[0]) for p in parts) <= 64
+        assert {p[2] for p in parts} == {256 / world}  # each rank's share: the loss normalizer
+        assert torch.equal(torch.cat([p[0] for p in parts]), whole_x)
+        assert torch.equal(torch.cat([p[1] for p in parts]), whole_y)
+
+
+def test_accumulation_and_parts_for_a_fixed_global_batch():
+    assert [accumulation_for(512, w, 64) for w in (1, 2, 3, 4, 8, 16)] == [8, 4, 3, 2, 1, 1]
+    for total, parts in [(256, 8), (100, 3), (5, 8)]:
+        spans = [part_span(total, parts, k) for k in range(parts)]
+        assert sum(c for _, c in spans) == total
+        assert all(spans[k][0] + spans[k][1] == spans[k + 1][0] for k in range(parts - 1))
+        assert [c for _, c in spans] == [len(p) for p in torch.arange(total).tensor_split(parts)]
 
 
 def test_targets_are_learnable_from_the_teacher():

@@ -6,7 +6,7 @@ import torch
 
 from ray_ddp.cli import main
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.dataplan import fit_data_to, inspect_data
+from ray_ddp.dataplan import fit_batch_to, fit_data_to, inspect_data
 from ray_ddp.datasets import inspect_table, load_table, write_synthetic
 from ray_ddp.inputs import ValSet, split_rows
 
@@ -26,8 +26,8 @@ def test_an_integer_label_makes_a_classifier_and_its_classes(sets):
     assert (table.task, table.num_classes, table.input_dim) == ("classification", 3, 6)
     x, y = load_table(table)
     assert x.dtype == torch.float32 and y.dtype == torch.int64 and y.shape == (500,)
-    cfg = fit_data_to(TrainConfig(data=str(sets / "cls"), model="mlp", val_fraction=0.2),
-                      inspect_data(TrainConfig(data=str(sets / "cls"), val_fraction=0.2)), workers=2)
+    cfg = fit_data_to(fit_batch_to(TrainConfig(data=str(sets / "cls"), model="mlp", val_fraction=0.2), 2, None),
+                      inspect_data(TrainConfig(data=str(sets / "cls"), val_fraction=0.2)))
     assert (cfg.task, cfg.output_dim, cfg.num_classes) == ("classification", 3, 3)
     assert cfg.steps_per_epoch == 7  # 400 training rows / (2 x 32)
 

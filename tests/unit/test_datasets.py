@@ -60,10 +60,11 @@ def test_bad_data_is_one_line(bad_sets, capsys, argv, fragment):
 
 def test_every_row_once_per_epoch_across_two_ranks():
     n, world, batch = 1003, 2, 64  # the last step is short and split unevenly
-    steps = steps_for_rows(n, world, batch, 1)
+    steps = steps_for_rows(n, world * batch)
     for epoch in (0, 1):
         order = epoch_order(n, seed=7, epoch=epoch)
-        seen = [rows_of_step(order, s, r, 0, world, batch, 1)[0] for s in range(steps) for r in range(world)]
+        seen = [rows_of_step(order, s, r, 0, world, world * batch, 1)[0] for s in range(steps)
+                for r in range(world)]
         ids = torch.cat(seen)
         assert len(ids) == n and sorted(ids.tolist()) == list(range(n))
     assert not torch.equal(epoch_order(n, 7, 0), epoch_order(n, 7, 1))  # reshuffled each epoch
@@ -74,6 +75,6 @@ def test_global_batch_is_the_same_rows_for_2x128_and_1x256():
     order = epoch_order(1024, seed=0, epoch=0)
     for step in range(4):
         one, share1 = rows_of_step(order, step, 0, 0, 1, 256, 1)
-        two = [rows_of_step(order, step, r, 0, 2, 128, 1) for r in range(2)]
+        two = [rows_of_step(order, step, r, 0, 2, 256, 1) for r in range(2)]
         assert torch.equal(torch.cat([t[0] for t in two]), one)
         assert share1 == 256 and two[0][1] == 128  # each rank's share: the loss normalizer

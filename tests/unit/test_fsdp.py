@@ -126,7 +126,7 @@ def test_a_sharded_checkpoint_is_whole_reloads_exactly_and_exports(one_rank_grou
 
 
 def test_fsdp_on_cpu_workers_returns_freed_gather_buffers_to_the_os(monkeypatch):
-    from ray_ddp.cluster import worker_runtime_env
+    from ray_ddp.worker_env import worker_runtime_env
 
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     env = worker_runtime_env(fsdp(gpus_per_worker=0))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.data import StreamSource, part_bounds, stream_steps
+from ray_ddp.data import StreamSource, part_bounds, steps_for_rows
 from ray_ddp.datasets import inspect_table, list_row_groups, row_group_reader, write_synthetic
 
 ROWS = 1003
@@ -19,15 +19,20 @@ def table(tmp_path_factory):
     return inspect_table(str(folder), "id", "t0,t1")  # the id column as the input: rows by name
 
 
+def stream_steps(world, batch, accum):
+    return steps_for_rows(ROWS, world * batch * accum)
+
+
 def sources(table, world, batch, accum, seed=0):
     groups, read = list_row_groups(table), row_group_reader(table)
-    return [StreamSource(groups, read, seed, rank, world, batch, accum) for rank in range(world)]
+    steps = stream_steps(world, batch, accum)
+    return [StreamSource(groups, read, seed, rank, world, steps, accum) for rank in range(world)]
 
 
 def epoch_ids(table, world, batch, accum, epoch, seed=0):
     """Per step, per rank: the ids each rank trains on, and the shares it is told."""
     srcs = sources(table, world, batch, accum, seed)
-    steps = stream_steps(ROWS, world, batch, accum)
+    steps = stream_steps(world, batch, accum)
     seen, shares = [], []
     for step in range(steps):
         per_rank = []
@@ -54,13 +59,25 @@ def test_every_row_once_per_epoch_and_every_rank_takes_the_same_steps(table, wor
     seen, shares = epoch_ids(table, world, batch, accum, epoch=0)
     everything = [i for step in seen for ids in step for i in ids]
     assert sorted(everything) == list(range(ROWS))
-    assert len(seen) == stream_steps(ROWS, world, batch, accum)
+    assert len(seen) == stream_steps(world, batch, accum)
     # each step: the share every rank is told is the step's rows over the world size,
     # so the DDP mean of the per-rank losses is the exact mean over the step's rows
     for step, per_rank in enumerate(seen):
         rows = sum(len(ids) for ids in per_rank)
         assert {s for st, s in shares if st == step} == {rows / world}
-    assert [len(ids) for ids in seen[0]] == [batch * accum] * world
+    # a step's rows are about the global batch: each rank's part cut into as many pieces
+    # as the epoch has steps, whatever the world size
+    for per_rank in seen:
+        assert all(abs(len(ids) - ROWS / world / len(seen)) <= 1 for ids in per_rank)
+
+
+def test_the_steps_of_an_epoch_do_not_depend_on_the_world_size(table):
+    # an elastic run: the same global batch (256) on 1, 2 or 4 workers gives the same
+    # steps per epoch, every row once, each micro-batch at most 64 (+1) rows
+    for world, accum in [(1, 4), (2, 2), (4, 1)]:
+        seen, _ = epoch_ids(table, world, 64, accum, epoch=2)
+        assert len(seen) == 4
+        assert sorted(i for step in seen for ids in step for i in ids) == list(range(ROWS))
 
 
 def test_order_is_fixed_by_seed_and_epoch(table):
@@ -104,7 +121,7 @@ def test_a_hundred_thousand_row_groups_are_placed_in_well_under_a_second():
         rows["read"] = rows.get("read", 0) + 1
         return torch.zeros(10, 1), torch.zeros(10, 1)
 
-    src = StreamSource(groups, read, seed=0, rank=1, world=2, batch_size=8, grad_accum=1)
+    src = StreamSource(groups, read, seed=0, rank=1, world=2, steps=62_500, grad_accum=1)
     started = time.perf_counter()
     x, _, _ = src.micro_batch(epoch=0, step=0, micro=0)
     assert time.perf_counter() - started < 1.0 and len(x) == 8 and rows["read"] == 1
