@@ -155,6 +155,25 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
+def refresh_elastic_view() -> None:
+    """Ray Train's elastic policy sizes the worker group from what Ray's
+    AutoscalingCoordinator (a cluster-wide actor) reserved for it, and that actor looks
+    at the nodes only every 20 s: a run started right after nodes joined would start
+    smaller than the cluster, and grow only at the next resize check (60 s later, with a
+    restart). Ask it to look now. Its API is internal to Ray: when it is not there, the
+    view refreshes by itself."""
+    import ray
+
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import \
+            get_or_create_autoscaling_coordinator
+
+        coordinator = get_or_create_autoscaling_coordinator()
+        ray.get(coordinator.get_reserved_resources.remote("ray_ddp", recompute=True), timeout=10)
+    except Exception:  # noqa: BLE001 - an optimisation only; Ray refreshes within 20 s anyway
+        pass
+
+
 # ------------------------------------------------------------------------ preflight
 _HEAD_MARKER = "node:__internal_head__"
 _V1_STATUS_KEY = "__autoscaling_status"  # ray_constants.DEBUG_AUTOSCALING_STATUS

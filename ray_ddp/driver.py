@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 from .checkpoint import CheckpointScan, find_latest_checkpoint
-from .cluster import ClusterConfig, attach_ray, ensure_cluster_fits
+from .cluster import ClusterConfig, attach_ray, ensure_cluster_fits, refresh_elastic_view
 from .config import ConfigError, TrainConfig, worker_range
 from .devices import PlacementConfig, plan_placement
 from .dataplan import fit_batch_to, fit_data_to, inspect_data
@@ -180,6 +180,8 @@ def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, given_ba
         raise ConfigError("--sync-batchnorm needs GPUs (PyTorch's SyncBatchNorm runs on CUDA "
                           "only); drop it on CPU")
     ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
+    if placement.elastic:
+        refresh_elastic_view()  # start with every worker the cluster holds now
     cfg = fit_data_to(fit_batch_to(cfg, placement.workers, given_batch), data_shape)
     cfg = dataclasses.replace(cfg, workers=f"{placement.min_workers}-{placement.workers}"
                               if placement.elastic else placement.workers,

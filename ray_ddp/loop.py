@@ -477,7 +477,8 @@ RESTART_WAIT_S = 60.0
 
 def wait_for_restart(deadline: float) -> None:
     """After a preemption checkpoint: train no further (those steps would be lost with the
-    node) and let Ray restart the run from that checkpoint once the node is gone."""
+    node) and let Ray restart the run from that checkpoint, which it does at the deadline
+    (counting it against --max-preemptions)."""
     while time.time() < deadline + RESTART_WAIT_S:
         time.sleep(0.5)
 

@@ -35,7 +35,7 @@ CASES = {
     "gpus per worker 3": (["--gpus-per-worker", "3"], "invalid choice: 3"),
     "workers not a number": (["--workers", "two"], "--workers must be a number N or a range MIN-MAX"),
     "workers range upside down": (["--workers", "4-2"], "an elastic range needs 1 <= MIN <= MAX"),
-    "workers zero": (["--workers", "0"], "--workers must be a positive integer"),
+    "workers zero in a range": (["--workers", "0-2"], "an elastic range needs 1 <= MIN <= MAX"),
     "global batch and accumulation": (["--global-batch", "256", "--grad-accum", "2"],
                                       "--global-batch decides the accumulation steps"),
     "max preemptions below -1": (["--max-preemptions", "-2"], "--max-preemptions must be -1"),
