@@ -30,7 +30,13 @@ def test_cluster_yaml_autoscales_gpu_nodes_behind_a_cpu_only_head():
     types = cfg["available_node_types"]
     assert types[cfg["head_node_type"]]["resources"] == {"CPU": 0}
     gpu = [t for t in types.values() if t["resources"].get("GPU") == 8]
-    assert len(gpu) == 1 and gpu[0]["min_workers"] == 0 and gpu[0]["max_workers"] >= 1
+    assert all(t["min_workers"] == 0 and t["max_workers"] >= 1 for t in gpu)
+    # the same GPU machine on demand and on spot, for elastic runs to use both
+    spot = [t for t in gpu if t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"]
+    on_demand = [t for t in gpu if "InstanceMarketOptions" not in t["node_config"]]
+    assert len(spot) == 1 and len(on_demand) == 1
+    assert spot[0]["node_config"]["InstanceType"] == on_demand[0]["node_config"]["InstanceType"]
+    assert cfg["max_workers"] >= sum(t["max_workers"] for t in gpu)
     assert cfg["idle_timeout_minutes"] > 0
     assert any("pip install" in c and "ray_ddp" in c for c in cfg["setup_commands"])
     assert cfg["file_mounts"]["~/ray_ddp"] == "."
