@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow.parquet as pq
 
-from ray_ddp import TrainConfig
+from ray_ddp import TrainConfig, run
 
 
 def small(tmp, name, **kw) -> TrainConfig:
@@ -24,3 +26,26 @@ def final_hashes(rows):
     """rank -> weights fingerprint at the last step of a metrics table."""
     last = max(r["step"] for r in rows)
     return {r["rank"]: r["weights_hash"] for r in rows if r["step"] == last}
+
+
+def run_in_thread(cfg, job=None) -> tuple[threading.Thread, dict]:
+    """Start ``run(cfg)`` (or ``job()``, which returns a summary) in a thread: runs side
+    by side on the shared Ray overlap one's start-up with another's training.
+    ``summary_of`` joins it."""
+    result: dict = {}
+
+    def train():
+        try:
+            result["summary"] = job() if job is not None else run(cfg)
+        except BaseException as err:  # surfaced by summary_of
+            result["error"] = err
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    return thread, result
+
+
+def summary_of(thread, result):
+    thread.join(timeout=400)
+    assert "error" not in result, result.get("error")
+    return result["summary"]

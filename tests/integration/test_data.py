@@ -9,7 +9,7 @@ import pytest
 from ray_ddp import run
 from ray_ddp.datasets import inspect_table, load_table, write_synthetic
 
-from ._runs import rows_of, small
+from ._runs import rows_of, run_in_thread, small, summary_of
 
 pytestmark = pytest.mark.ray
 
@@ -78,23 +78,37 @@ def test_a_user_dataset_is_sharded_and_trained(unresized):
     assert sum(r["samples"] for r in rows_of(unresized) if r["epoch"] == 1) == 600  # no padding
 
 
-@pytest.mark.parametrize("path", ["in-memory", "dataset", "streamed"])
-def test_resume_on_another_world_size_keeps_every_epoch_whole(ray_local, storage, same_rows_as_parquet,
-                                                              unresized, path):
+PATHS = ("in-memory", "dataset", "streamed")
+
+
+@pytest.fixture(scope="module")
+def resized(ray_local, storage, same_rows_as_parquet, unresized):
+    """For each data path, the reference run's epoch 1 at 2 workers, then epoch 2 on 1
+    worker (2 -> 1) and epoch 3 on 2 again (1 -> 2), the global batch 100 throughout. The
+    three chains run side by side (each chain's runs in turn)."""
+    def chain(path):
+        source = {"in-memory": dict(data=same_rows_as_parquet), "dataset": dict(dataset="user_data:regression"),
+                  "streamed": dict(data=same_rows_as_parquet, stream=True)}[path]
+        name = f"resized-{path}"
+        # epoch 1 at 2 workers: the reference run as it stood then (its folder, later checkpoints gone)
+        shutil.copytree(storage / "user-dataset", storage / name)
+        for step in ("step-00000012", "step-00000018"):
+            shutil.rmtree(storage / name / step)
+        (storage / name / "checkpoint_manager_snapshot.json").unlink()
+        for epochs, workers in ((2, 1), (3, 2)):
+            summary = run(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,
+                                warmup_steps=0, **source))
+        return summary
+
+    threads = {path: run_in_thread(None, lambda path=path: chain(path)) for path in PATHS}
+    return {path: summary_of(*started) for path, started in threads.items()}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_resume_on_another_world_size_keeps_every_epoch_whole(resized, unresized, path):
     import torch
 
-    source = {"in-memory": dict(data=same_rows_as_parquet), "dataset": dict(dataset="user_data:regression"),
-              "streamed": dict(data=same_rows_as_parquet, stream=True)}[path]
-    name = f"resized-{path}"
-    # epoch 1 at 2 workers: the reference run as it stood then (its folder, later checkpoints gone)
-    shutil.copytree(storage / "user-dataset", storage / name)
-    for step in ("step-00000012", "step-00000018"):
-        shutil.rmtree(storage / name / step)
-    (storage / name / "checkpoint_manager_snapshot.json").unlink()
-    # then epoch 2 on 1 worker (2 -> 1), epoch 3 on 2 again (1 -> 2); the global batch stays 100
-    for epochs, workers in ((2, 1), (3, 2)):
-        summary = run(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,
-                            warmup_steps=0, **source))
+    summary = resized[path]
     assert summary.epochs_completed == 3 and summary.steps == 18  # 6 steps of 100 rows per epoch
     rows = rows_of(summary)
     for epoch, world in ((1, 2), (2, 1), (3, 2)):

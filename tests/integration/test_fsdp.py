@@ -7,18 +7,16 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 
 import pytest
 import torch
 
-from ray_ddp import run
 from ray_ddp.checkpoint import MODEL_FILE, weights_hash
 from ray_ddp.cli import main
 from ray_ddp.models import build_mlp
 from ray_ddp.sharded import read_model_state
 
-from ._runs import final_hashes, rows_of, small
+from ._runs import final_hashes, rows_of, run_in_thread, small, summary_of
 from .test_recovery import progress_step, wait_for
 
 pytestmark = pytest.mark.ray
@@ -46,26 +44,6 @@ def text(tmp_path_factory):
 def config(storage, name, model, text, **kw):
     extra = dict(data=text) if model == "gpt" else {}
     return small(storage, name, **{**COMMON, **MODELS[model], **extra, **kw})
-
-
-def run_in_thread(cfg) -> tuple[threading.Thread, dict]:
-    result: dict = {}
-
-    def train():
-        try:
-            result["summary"] = run(cfg)
-        except BaseException as err:  # surfaced by the assertions
-            result["error"] = err
-
-    thread = threading.Thread(target=train)
-    thread.start()
-    return thread, result
-
-
-def summary_of(thread, result):
-    thread.join(timeout=400)
-    assert "error" not in result, result.get("error")
-    return result["summary"]
 
 
 @pytest.fixture(scope="module")

@@ -1,114 +1,61 @@
-"""`ray job submit` to a real two-node Ray cluster (both nodes on this machine), with
-Ray's token authentication on. The cluster lives in a network namespace of its own
-(only loopback inside), so nothing it starts listens beyond this machine; the test
-stops exactly the process groups it started."""
+"""A real two-node Ray cluster on this machine (a 1-CPU head and a 1-CPU worker node "b" on
+loopback, with Ray's token authentication on; see _cluster.py), and what runs on it:
+- `ray job submit` of a training job across both nodes, and of one that cannot fit;
+- an elastic run (`--workers 1-2`) that loses node b without notice and shrinks, then a
+  later run that grows back onto a new node b, where b is then drained for preemption
+  the way the autoscaler does it (`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`)
+  and taken at the deadline. One story, two runs: each start of Ray Train costs ~20 s here.
+The jobs come first: the story kills node b."""
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 import pytest
+import torch
+
+from ray_ddp import TrainConfig
+from ray_ddp.checkpoint import MODEL_FILE
+
+from ._cluster import LoopbackCluster, loopback_cluster
+from ._runs import run_in_thread, summary_of
 
 pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.dirname(sys.executable)
+HELPERS = os.path.join(ROOT, "tests", "helpers")
 GCS_PORT, DASHBOARD_PORT = 46379, 48265
-
-
-@dataclass
-class Cluster:
-    prefix: list[str]  # runs a command inside the cluster's network namespace
-    env: dict[str, str]
-    dashboard: str
-
-    def run(self, argv, timeout=300, **kw):
-        return subprocess.run(self.prefix + argv, env=self.env, capture_output=True, text=True,
-                              timeout=timeout, **kw)
-
-
-def _start(prefix, argv, env, log_path):
-    log = open(log_path, "w")
-    return subprocess.Popen(prefix + argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # its own process group, stopped below
-
-
-def _stop(procs):
-    """SIGTERM every process group at once (each node shuts down in parallel), then wait."""
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + 5  # one bound for all: a test cluster needs no slow graceful stop
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+STEPS = 40  # per epoch of the elastic story; slow_toy takes 0.1 s a micro-batch
+ELASTIC = ["--model", "user_models:slow_toy", "--workers", "1-2", "--steps-per-epoch", str(STEPS),
+           "--batch-size", "16", "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0"]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    temp_dir = tempfile.mkdtemp(prefix="rd")  # short: Ray's socket paths must stay < 108 chars
-    token = secrets.token_hex(16)
-    env = {**os.environ, "HOME": str(home), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
-           "PATH": BIN + os.pathsep + os.environ["PATH"], "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # this cluster has two nodes
-    netns = f"ray_ddp_test_{os.getpid()}"
-    prefix: list[str] = []
-    if os.geteuid() == 0 and shutil.which("ip") and \
-            subprocess.run(["ip", "netns", "add", netns], capture_output=True).returncode == 0:
-        prefix = ["ip", "netns", "exec", netns]
-        subprocess.run(prefix + ["ip", "link", "set", "lo", "up"], check=True)
-    common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--temp-dir", temp_dir]
-    procs = []
+    """A head and one worker node, 1 CPU each."""
+    # Ray Train's preemption watcher polls drains every second (5 s by default); the GCS
+    # declares a silent node dead after ~3 s (15 s by default); right after a node is lost
+    # Ray's resource view can still count it (it refreshes every 20 s), and Ray Train
+    # then waits for a worker group that cannot start before it tries a smaller one:
+    # 10 s here instead of 60 (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S). A test needs no patience.
+    env = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1", "RAY_health_check_period_ms": "1000",
+           "RAY_health_check_failure_threshold": "3", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10",
+           "PYTHONPATH": HELPERS}
+    cluster_gen = loopback_cluster(str(tmp_path_factory.mktemp("home")), GCS_PORT, DASHBOARD_PORT, env)
+    c = next(cluster_gen)
     try:
-        procs.append(_start(prefix, ["ray", "start", "--head", f"--port={GCS_PORT}",
-                                     "--dashboard-host=127.0.0.1", f"--dashboard-port={DASHBOARD_PORT}",
-                                     "--dashboard-agent-listen-port=48300",
-                                     "--ray-client-server-port=48001", *common],
-                            env, home / "head.log"))
-        c = Cluster(prefix, env, f"http://127.0.0.1:{DASHBOARD_PORT}")
-        _wait_for_nodes(c, 1, procs)
-        procs.append(_start(prefix, ["ray", "start", f"--address=127.0.0.1:{GCS_PORT}",
-                                     "--dashboard-agent-listen-port=48301", *common],
-                            env, home / "node.log"))
-        _wait_for_nodes(c, 2, procs)
+        c.start_head()
+        c.add_node("b")
         yield c
     finally:
-        _stop(procs)
-        if prefix:
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        cluster_gen.close()
 
 
-def _wait_for_nodes(c: Cluster, count: int, procs, timeout=120):
-    probe = ("import ray; ray.init(address='127.0.0.1:%d', logging_level='ERROR'); "
-             "print(sum(n['Alive'] for n in ray.nodes()))" % GCS_PORT)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert all(p.poll() is None for p in procs), "a ray start process exited"
-        out = c.run([sys.executable, "-c", probe], timeout=60)
-        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
-            return
-        time.sleep(2)
-    raise AssertionError(f"the cluster never had {count} nodes")
-
-
-def job_status(c: Cluster, job_id: str) -> str:
+def job_status(c: LoopbackCluster, job_id: str) -> str:
     code = ("from ray.job_submission import JobSubmissionClient as C; "
             f"print(C({c.dashboard!r}).get_job_status({job_id!r}).value)")
     return c.run([sys.executable, "-c", code], timeout=60).stdout.strip()
@@ -151,3 +98,138 @@ def test_job_that_cannot_fit_fails_fast_with_one_line(cluster, tmp_path):
     assert job_status(cluster, submitted_job_id(out.stdout)) == "FAILED"
     assert not (tmp_path / "nofit").exists()
     assert time.time() - started < 60  # generous: the job itself fails in seconds
+
+
+# ------------------------------------------------------------------ the elastic story
+def start_training(c: LoopbackCluster, storage, name, log, *extra):
+    argv = [sys.executable, "-m", "ray_ddp", "train", *ELASTIC, "--address", c.address,
+            "--storage", str(storage), "--name", name, "--json", *extra]
+    return c.popen(argv, log)
+
+
+def finish(proc, log, timeout=300) -> dict:
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = open(log).read()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out, out
+    return json.loads([line for line in out.splitlines() if line.startswith('{"run"')][-1])
+
+
+def wait_for(predicate, what, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        assert proc.poll() is None, f"training ended while waiting for {what}"
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def progress(run_dir) -> dict:
+    try:
+        return json.loads((run_dir / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def metrics_rows(run_dir):
+    return pq.read_table(run_dir / "metrics.parquet").to_pylist()
+
+
+@pytest.fixture(scope="module")
+def story(cluster, ray_local, tmp_path_factory):
+    """Run A (`--workers 1-2 --epochs 2 --max-failures 1`) starts on both nodes; node b is
+    killed (raylet and workers, no notice) once epoch 1's checkpoint is Ray's; A finishes on
+    the head alone. A new node b joins; run B (the same run, `--epochs 4 --max-failures 0`)
+    grows back to 2 workers; b is drained for preemption with a 30 s deadline, and killed
+    at the deadline as a cloud does; B finishes on the head. Beside it, on the local Ray,
+    the reference: the same global batch on a fixed world of 2, never resized."""
+    storage = tmp_path_factory.mktemp("story")
+    run_dir = storage / "spot"
+    reference = run_in_thread(TrainConfig(
+        model="user_models:slow_toy", workers=2, epochs=4, steps_per_epoch=STEPS, batch_size=16,
+        report_every=5, warmup_steps=3, clip_grad=1.0, storage=str(storage), name="reference", quiet=True))
+    out = {}
+    log = str(storage / "a.log")
+    proc = start_training(cluster, storage, "spot", log, "--epochs", "2", "--max-failures", "1")
+    # epoch 1's checkpoint, once Ray has it (the metrics table is written then)
+    wait_for(lambda: (run_dir / "metrics.parquet").exists(), "epoch 1's checkpoint", proc)
+    out["a_nodes"] = {r["rank"]: r["node_id"] for r in metrics_rows(run_dir)}
+    cluster.kill_node("b")
+    out["a"] = finish(proc, log)
+
+    cluster.add_node("b")  # the autoscaler brings a node back
+    log = out["b_log"] = str(storage / "b.log")
+    proc = start_training(cluster, storage, "spot", log, "--epochs", "4", "--max-failures", "0")
+    try:
+        wait_for(lambda: progress(run_dir).get("world_size") == 2 and progress(run_dir)["step"] > 2 * STEPS,
+                 "run B on 2 workers", proc)
+        b_node = [n for n in ray_nodes(cluster) if not n["head"]][0]["id"]
+        drain = cluster.run(["ray", "drain-node", "--address", cluster.address, "--node-id", b_node,
+                             "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
+                             "--deadline-remaining-seconds", "30"], timeout=60)
+        assert drain.returncode == 0, drain.stdout + drain.stderr
+        noticed = time.time()
+        out["event"] = wait_for(lambda: progress(run_dir).get("preemptions"), "the preemption checkpoint",
+                                proc, timeout=30)[0]
+        out["notice_to_checkpoint_s"] = time.time() - noticed
+        out["b_node"] = b_node
+        time.sleep(max(0.0, noticed + 30 - time.time()))
+        cluster.kill_node("b")  # at the deadline the cloud takes the machine
+        out["b"] = finish(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out["reference"] = summary_of(*reference)
+    out["rows"] = metrics_rows(run_dir)
+    out["status"] = json.loads((run_dir / "status.json").read_text())
+    return out
+
+
+def ray_nodes(c: LoopbackCluster) -> list[dict]:
+    code = ("import json; print(json.dumps([{'id': n['NodeID'], 'head': 'node:__internal_head__' in "
+            "n['Resources']} for n in ray.nodes() if n['Alive']]))")
+    return json.loads(c.probe(code))
+
+
+def test_an_elastic_run_shrinks_when_a_node_dies_and_grows_when_one_joins(story):
+    a, b = story["a"], story["b"]
+    assert len(set(story["a_nodes"].values())) == 2, "run A started on both nodes"
+    # A lost node b without notice: a failure (--max-failures 1), then the head alone
+    assert [s["world_size"] for s in a["world_sizes"]] == [2, 1]
+    assert a["world_sizes"][0]["to_step"] == STEPS and a["epochs_completed"] == 2 and a["preemptions"] == []
+    # B, a later run, grew back to 2 on the new node
+    assert [s["world_size"] for s in b["world_sizes"]][:3] == [2, 1, 2]
+    assert b["world_sizes"][2]["from_step"] == 2 * STEPS
+    # the global batch never changed, so the weights are the unresized run's, to float rounding
+    expected = torch.load(os.path.join(story["reference"].checkpoint, MODEL_FILE), weights_only=True)
+    got = torch.load(os.path.join(b["checkpoint"], MODEL_FILE), weights_only=True)
+    assert expected.keys() == got.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-5)
+
+
+def test_a_preempted_node_gets_a_checkpoint_at_once_and_the_run_goes_on_without_it(story):
+    b, event, rows = story["b"], story["event"], story["rows"]
+    step = event["step"]
+    assert story["notice_to_checkpoint_s"] < 15  # the watcher polls every 1 s, the loop asks every 1 s
+    assert step % STEPS, "a checkpoint mid-epoch, not at the epoch's end"
+    out = open(story["b_log"]).read()
+    assert (f"node {story['b_node'][:12]} is being preempted (deadline in " in out
+            and f"checkpoint step-{step:08d} saved" in out), out
+    # B went on with the head alone from that checkpoint and finished: the preemption did
+    # not use up --max-failures 0
+    assert b["epochs_completed"] == 4 and b["steps"] == 4 * STEPS
+    assert b["world_sizes"][2:] == [{"world_size": 2, "from_step": 2 * STEPS, "to_step": step},
+                                    {"world_size": 1, "from_step": step, "to_step": 4 * STEPS}]
+    assert [(p["step"], p["node_id"]) for p in b["preemptions"]] == [(step, story["b_node"])]
+    # no step trained after the preemption checkpoint was lost: the workers stopped there
+    assert max(r["step"] for r in rows if r["world_size"] == 2) == step
+    assert {r["world_size"] for r in rows if r["step"] > step} == {1}
+    assert [r["step"] for r in rows if r.get("preempted_node")] == [step, step]  # both ranks' rows
+    assert story["status"]["state"] == "complete" and story["status"]["world_sizes"] == b["world_sizes"]
