@@ -123,6 +123,9 @@ def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any)
 def fit_batch_to(cfg: TrainConfig, max_workers: int, given_global_batch: Optional[int]) -> TrainConfig:
     """The global batch of the run: ``--global-batch`` if given, else the largest world
     size x batch-size x grad-accum (what a fixed-size run has always had)."""
+    if given_global_batch is not None and given_global_batch < max_workers:
+        raise ConfigError(f"--global-batch {given_global_batch} gives some of the {max_workers} "
+                          "workers no rows at all; give at least one row per worker")
     return dataclasses.replace(cfg, global_batch=given_global_batch or
                                max_workers * cfg.batch_size * cfg.grad_accum)
 

@@ -18,3 +18,20 @@ def storage(tmp_path_factory):
 def full_run(ray_local, storage):
     """One uninterrupted 3-epoch toy run: the reference that interrupted runs must match."""
     return run(small(storage, "full"))
+
+
+@pytest.fixture(scope="session")
+def multinode(tmp_path_factory, ray_local):
+    """test_multinode.py's two-node cluster, and its elastic story running on it in a thread."""
+    from .test_multinode import cluster_and_story
+
+    yield from cluster_and_story(tmp_path_factory)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_the_multinode_story_early(request):
+    """The elastic story takes about 3 minutes, most of them waiting on Ray: when
+    test_multinode.py is among the tests, it starts with the first integration test and
+    runs beside the others (they share the CPUs, not a Ray)."""
+    if any(item.module.__name__.endswith("test_multinode") for item in request.session.items):
+        request.getfixturevalue("multinode")

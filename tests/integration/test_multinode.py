@@ -5,7 +5,10 @@ loopback, with Ray's token authentication on; see _cluster.py), and what runs on
   later run that grows back onto a new node b, where b is then drained for preemption
   the way the autoscaler does it (`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`)
   and taken at the deadline. One story, two runs: each start of Ray Train costs ~20 s here.
-The jobs come first: the story kills node b."""
+The story takes about 3 minutes, most of them waiting (a 30-s drain deadline, Ray's
+restarts), so it starts with the first integration test, in a thread (conftest.py's
+``multinode``), and runs beside the others; its tests read what it saw. The jobs run once
+it is over, on a new node b."""
 
 from __future__ import annotations
 
@@ -34,25 +37,42 @@ ELASTIC = ["--model", "user_models:slow_toy", "--workers", "1-2", "--steps-per-e
            "--batch-size", "16", "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0"]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A head and one worker node, 1 CPU each."""
+def cluster_and_story(tmp_path_factory):
+    """A head and one worker node b, 1 CPU each, and the elastic story started on them
+    (a generator for conftest.py's session fixture)."""
     # Ray Train's preemption watcher polls drains every second (5 s by default); the GCS
     # declares a silent node dead after ~3 s (15 s by default); right after a node is lost
     # Ray's resource view can still count it (it refreshes every 20 s), and Ray Train
     # then waits for a worker group that cannot start before it tries a smaller one:
-    # 10 s here instead of 60 (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S). A test needs no patience.
+    # 20 s here instead of 60 (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), still room for a
+    # start on a busy 2-core machine. A test needs no patience.
     env = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1", "RAY_health_check_period_ms": "1000",
-           "RAY_health_check_failure_threshold": "3", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10",
+           "RAY_health_check_failure_threshold": "3", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "20",
            "PYTHONPATH": HELPERS}
     cluster_gen = loopback_cluster(str(tmp_path_factory.mktemp("home")), GCS_PORT, DASHBOARD_PORT, env)
     c = next(cluster_gen)
     try:
         c.start_head()
         c.add_node("b")
-        yield c
+        story = Story(c, tmp_path_factory.mktemp("story"))
+        yield c, story
+        story.result()  # never leave its thread running past the cluster
     finally:
         cluster_gen.close()
+
+
+@pytest.fixture(scope="module")
+def story(multinode):
+    return multinode[1].result()
+
+
+@pytest.fixture(scope="module")
+def cluster(multinode, story):
+    """The cluster once the story is over, with a node b again (the story's was taken)."""
+    c = multinode[0]
+    if "b" not in c.procs:
+        c.add_node("b")
+    return c
 
 
 def job_status(c: LoopbackCluster, job_id: str) -> str:
@@ -141,54 +161,67 @@ def metrics_rows(run_dir):
     return pq.read_table(run_dir / "metrics.parquet").to_pylist()
 
 
-@pytest.fixture(scope="module")
-def story(cluster, ray_local, tmp_path_factory):
+class Story:
     """Run A (`--workers 1-2 --epochs 2 --max-failures 1`) starts on both nodes; node b is
     killed (raylet and workers, no notice) once epoch 1's checkpoint is Ray's; A finishes on
     the head alone. A new node b joins; run B (the same run, `--epochs 4 --max-failures 0`)
     grows back to 2 workers; b is drained for preemption with a 30 s deadline, and killed
     at the deadline as a cloud does; B finishes on the head. Beside it, on the local Ray,
-    the reference: the same global batch on a fixed world of 2, never resized."""
-    storage = tmp_path_factory.mktemp("story")
-    run_dir = storage / "spot"
-    reference = run_in_thread(TrainConfig(
-        model="user_models:slow_toy", workers=2, epochs=4, steps_per_epoch=STEPS, batch_size=16,
-        report_every=5, warmup_steps=3, clip_grad=1.0, storage=str(storage), name="reference", quiet=True))
-    out = {}
-    log = str(storage / "a.log")
-    proc = start_training(cluster, storage, "spot", log, "--epochs", "2", "--max-failures", "1")
-    # epoch 1's checkpoint, once Ray has it (the metrics table is written then)
-    wait_for(lambda: (run_dir / "metrics.parquet").exists(), "epoch 1's checkpoint", proc)
-    out["a_nodes"] = {r["rank"]: r["node_id"] for r in metrics_rows(run_dir)}
-    cluster.kill_node("b")
-    out["a"] = finish(proc, log)
+    the reference: the same global batch on a fixed world of 2, never resized. Runs in a
+    thread from its creation; ``result()`` waits for it (and raises what it raised)."""
 
-    cluster.add_node("b")  # the autoscaler brings a node back
-    log = out["b_log"] = str(storage / "b.log")
-    proc = start_training(cluster, storage, "spot", log, "--epochs", "4", "--max-failures", "0")
-    try:
-        wait_for(lambda: progress(run_dir).get("world_size") == 2 and progress(run_dir)["step"] > 2 * STEPS,
-                 "run B on 2 workers", proc)
-        b_node = [n for n in ray_nodes(cluster) if not n["head"]][0]["id"]
-        drain = cluster.run(["ray", "drain-node", "--address", cluster.address, "--node-id", b_node,
-                             "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
-                             "--deadline-remaining-seconds", "30"], timeout=60)
-        assert drain.returncode == 0, drain.stdout + drain.stderr
-        noticed = time.time()
-        out["event"] = wait_for(lambda: progress(run_dir).get("preemptions"), "the preemption checkpoint",
-                                proc, timeout=30)[0]
-        out["notice_to_checkpoint_s"] = time.time() - noticed
-        out["b_node"] = b_node
-        time.sleep(max(0.0, noticed + 30 - time.time()))
-        cluster.kill_node("b")  # at the deadline the cloud takes the machine
-        out["b"] = finish(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out["reference"] = summary_of(*reference)
-    out["rows"] = metrics_rows(run_dir)
-    out["status"] = json.loads((run_dir / "status.json").read_text())
-    return out
+    def __init__(self, cluster: LoopbackCluster, storage):
+        self.cluster, self.storage = cluster, storage
+        self.thread, self.outcome = run_in_thread(None, self._tell)
+
+    def result(self) -> dict:
+        return summary_of(self.thread, self.outcome)
+
+    def _tell(self) -> dict:
+        cluster, storage = self.cluster, self.storage
+        run_dir = storage / "story-spot"
+        reference = run_in_thread(TrainConfig(
+            model="user_models:slow_toy", workers=2, epochs=4, steps_per_epoch=STEPS, batch_size=16,
+            report_every=5, warmup_steps=3, clip_grad=1.0, storage=str(storage), name="story-reference", quiet=True))
+        out = {}
+        log = str(storage / "a.log")
+        proc = start_training(cluster, storage, "story-spot", log, "--epochs", "2", "--max-failures", "1")
+        try:
+            # epoch 1's checkpoint, once Ray has it (the metrics table is written then)
+            wait_for(lambda: (run_dir / "metrics.parquet").exists(), "epoch 1's checkpoint", proc)
+            out["a_nodes"] = {r["rank"]: r["node_id"] for r in metrics_rows(run_dir)}
+            cluster.kill_node("b")
+            out["a"] = finish(proc, log)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+        cluster.add_node("b")  # the autoscaler brings a node back
+        log = out["b_log"] = str(storage / "b.log")
+        proc = start_training(cluster, storage, "story-spot", log, "--epochs", "4", "--max-failures", "0")
+        try:
+            wait_for(lambda: progress(run_dir).get("world_size") == 2 and progress(run_dir)["step"] > 2 * STEPS,
+                     "run B on 2 workers", proc)
+            b_node = [n for n in ray_nodes(cluster) if not n["head"]][0]["id"]
+            drain = cluster.run(["ray", "drain-node", "--address", cluster.address, "--node-id", b_node,
+                                 "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
+                                 "--deadline-remaining-seconds", "30"], timeout=60)
+            assert drain.returncode == 0, drain.stdout + drain.stderr
+            noticed = time.time()
+            out["event"] = wait_for(lambda: progress(run_dir).get("preemptions"), "the preemption checkpoint",
+                                    proc, timeout=30)[0]
+            out["notice_to_checkpoint_s"] = time.time() - noticed
+            out["b_node"] = b_node
+            time.sleep(max(0.0, noticed + 30 - time.time()))
+            cluster.kill_node("b")  # at the deadline the cloud takes the machine
+            out["b"] = finish(proc, log)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        out["reference"] = summary_of(*reference)
+        out["rows"] = metrics_rows(run_dir)
+        out["status"] = json.loads((run_dir / "status.json").read_text())
+        return out
 
 
 def ray_nodes(c: LoopbackCluster) -> list[dict]:

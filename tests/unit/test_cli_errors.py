@@ -39,6 +39,8 @@ CASES = {
     "global batch and accumulation": (["--global-batch", "256", "--grad-accum", "2"],
                                       "--global-batch decides the accumulation steps"),
     "max preemptions below -1": (["--max-preemptions", "-2"], "--max-preemptions must be -1"),
+    "global batch below the workers": (["--workers", "2-4", "--global-batch", "3"],
+                                       "--global-batch 3 gives some of the 4 workers no rows"),
     "storage not writable": (["--storage", "{tmp}/a_file/runs"], "is not writable"),
     "name with a slash": (["--name", "a/b"], "must be a plain folder name"),
     "name with dotdot": (["--name", "x..y"], "must not contain '..'"),
