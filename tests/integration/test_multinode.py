@@ -68,11 +68,13 @@ def story(multinode):
 
 @pytest.fixture(scope="module")
 def cluster(multinode, story):
-    """The cluster once the story is over, with a node b again (the story's was taken)."""
+    """The cluster once the story is over, with a node b again (the story's was taken);
+    stopped when this module is done, so its daemons idle beside no other test."""
     c = multinode[0]
     if "b" not in c.procs:
         c.add_node("b")
-    return c
+    yield c
+    c.stop()
 
 
 def job_status(c: LoopbackCluster, job_id: str) -> str:
