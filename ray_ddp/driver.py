@@ -201,7 +201,7 @@ def announce(cfg: TrainConfig, placement: PlacementConfig, start: StartState, st
 
 def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
                      start: StartState, objects: dict[str, Any], echo: Callable[[str], None]) -> None:
-    """TrainerConfig.fit() with progress shown, and status.json telling where it stands."""
+    """TorchTrainer.fit() with progress shown, and status.json telling where it stands."""
     run_path = store.run_path(cfg.name)
     loop_config = {"config": cfg.to_dict(), "resume_from": start.scan.latest,
                    "newest_at_start": start.scan.newest, "total_steps": planned_steps(cfg, start.scan.meta),

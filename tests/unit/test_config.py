@@ -88,3 +88,20 @@ def test_readme_flag_table_is_generated_from_the_fields():
     assert render_flag_table() in readme, (
         "README flag table is stale: paste the output of "
         "python -c 'from ray_ddp.config import render_flag_table as r; print(r())'")
+
+
+def test_workers_takes_a_number_or_an_elastic_range_from_flags_yaml_and_python(tmp_path):
+    from ray_ddp.cli import build_parser, config_from_args
+    from ray_ddp.config import worker_range
+
+    (tmp_path / "elastic.yaml").write_text('workers: "2-8"\n')
+    (tmp_path / "bare.yaml").write_text("workers: 2-8\n")  # YAML reads this as the string too
+    for cfg in (TrainConfig.from_yaml(str(tmp_path / "elastic.yaml")),
+                TrainConfig.from_yaml(str(tmp_path / "bare.yaml")),
+                config_from_args(build_parser().parse_args(["train", "--workers", "2-8"])),
+                TrainConfig(workers="2 - 8")):
+        assert cfg.validate().workers == "2-8" and worker_range(cfg.workers) == (2, 8)
+    fixed = config_from_args(build_parser().parse_args(["train", "--workers", "3"])).validate()
+    assert fixed.workers == 3 and worker_range(fixed.workers) == (3, 3)
+    assert TrainConfig(workers="4-4").validate().workers == 4  # a range of one size is fixed
+    assert worker_range(None) is None
