@@ -1,7 +1,8 @@
 """What the data decides for a run, checked on the driver before Ray starts (a mistake
 costs seconds and gets one line): the task, the model's input and output sizes, the rows
-of an epoch and of validation, and so the steps per epoch. A user's Dataset is built (or
-looked at) once here.
+of an epoch and of validation, the global batch, and so the steps per epoch. A user's
+Dataset is built (or looked at) once here. ``fit_to_world`` runs on each worker: it cuts
+the global batch for the world size Ray gave the worker.
 """
 
 from __future__ import annotations
@@ -128,6 +129,18 @@ def fit_batch_to(cfg: TrainConfig, max_workers: int, given_global_batch: Optiona
                           "workers no rows at all; give at least one row per worker")
     return dataclasses.replace(cfg, global_batch=given_global_batch or
                                max_workers * cfg.batch_size * cfg.grad_accum)
+
+
+def fit_to_world(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """On a worker, the config for the world size Ray gave it: accumulation steps such
+    that each micro-batch holds at most --batch-size rows of the run's fixed global batch
+    (a config that names none has this world x batch-size x grad-accum)."""
+    from .data import accumulation_for
+
+    if cfg.global_batch is None:
+        return dataclasses.replace(cfg, global_batch=world_size * cfg.batch_size * cfg.grad_accum)
+    return dataclasses.replace(cfg, grad_accum=accumulation_for(cfg.global_batch, world_size,
+                                                                cfg.batch_size))
 
 
 def fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig]) -> TrainConfig:

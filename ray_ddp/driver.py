@@ -219,7 +219,11 @@ def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placemen
     except BaseException as err:  # a bug or a storage failure: never leave "running"
         _write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
         raise
-    _write_status(store, run_path, "complete", cfg, placement)
+    from .metrics import world_stretches  # imports Ray
+
+    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
+    _write_status(store, run_path, "complete", cfg, placement,
+                  stretches=world_stretches(table) if table is not None and table.num_rows else None)
 
 
 def planned_steps(cfg: TrainConfig, meta: Optional[dict[str, Any]]) -> int:
@@ -288,8 +292,11 @@ def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data
 
 
 def _write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConfig,
-                  placement: PlacementConfig, error: Optional[str] = None) -> None:
-    """status.json: what `ray-ddp runs` shows. ``created`` survives resumes."""
+                  placement: PlacementConfig, error: Optional[str] = None,
+                  stretches: Optional[list[dict[str, int]]] = None) -> None:
+    """status.json: what `ray-ddp runs` shows. ``created`` survives resumes, and so do
+    the world-size stretches until a finished run gives new ones. Reads nothing else, so
+    a failure path can always write it."""
     path = f"{run_path}/{STATUS_FILE}"
     store.fs.create_dir(run_path, recursive=True)
     try:
@@ -297,10 +304,7 @@ def _write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainCon
     except ValueError:  # not JSON: start the record afresh
         old = {}
     now = time.time()
-    from .metrics import world_stretches  # imports Ray
-
-    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}") if state != "running" else None
-    stretches = world_stretches(table) if table is not None and table.num_rows else old.get("world_sizes", [])
+    stretches = old.get("world_sizes", []) if stretches is None else stretches
     write_json(store.fs, path, {
         "state": state, "created": old.get("created", now), "updated": now,
         "epochs": cfg.epochs, "world_size": stretches[-1]["world_size"] if stretches else placement.workers,

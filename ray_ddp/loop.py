@@ -17,7 +17,6 @@ rank's ``ShardedCheckpointWriter`` under FSDP).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .checkpoint import CheckpointError, TrainState, load_checkpoint, restore_rng, \
     verify_checkpoint, weights_hash
 from .config import TrainConfig
-from .data import accumulation_for
+from .dataplan import fit_to_world
 from .devices import peak_memory_mb, wrap_ddp
 from .fsdp import shard_model
 from .inputs import ValSet, build_inputs
@@ -109,15 +108,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 "the model's forward did not use every parameter, and DDP needs each one's "
                 "gradient for its all-reduce; pass --find-unused-parameters") from None
         raise
-
-
-def fit_to_world(cfg: TrainConfig, world_size: int) -> TrainConfig:
-    """The config for this world size: accumulation steps such that each micro-batch
-    holds at most --batch-size rows of the run's fixed global batch."""
-    if cfg.global_batch is None:
-        return cfg
-    return dataclasses.replace(cfg, grad_accum=accumulation_for(cfg.global_batch, world_size,
-                                                                cfg.batch_size))
 
 
 @dataclass

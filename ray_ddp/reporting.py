@@ -26,8 +26,9 @@ from .checkpoint import capture_rng, checkpoint_dir_name
 from .sharded import ShardedCheckpointWriter
 from .writer import CheckpointWriter
 
-# Least seconds between two preemption checks. Ray's PreemptionWatcher polls node drains
-# every 5 s (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S), so asking more often finds nothing sooner.
+# Least seconds between two preemption checks: each is a barrier through Ray (about 4 ms,
+# benchmarks/preemption.py). Ray's PreemptionWatcher sees a drain within 5 s
+# (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S); asking every second adds at most a second to that.
 PREEMPTION_CHECK_S = 1.0
 
 

@@ -6,7 +6,7 @@ import torch
 
 from ray_ddp.cli import main
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.dataplan import fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.dataplan import fit_batch_to, fit_data_to, fit_to_world, inspect_data
 from ray_ddp.datasets import inspect_table, load_table, write_synthetic
 from ray_ddp.inputs import ValSet, split_rows
 
@@ -85,3 +85,12 @@ def test_a_resume_where_the_data_decides_the_steps_may_change_them():
     _check_resumable(cfg, meta, "step-00000006", data_decides_steps=True)  # train_data=, --data
     with pytest.raises(ConfigError, match="resume with the same --steps-per-epoch"):
         _check_resumable(cfg, meta, "step-00000006", data_decides_steps=False)  # synthetic
+
+
+def test_a_worker_cuts_the_global_batch_for_the_world_size_it_got():
+    elastic = fit_batch_to(TrainConfig(workers="1-4", batch_size=64), 4, None)  # 4 x 64
+    assert [fit_to_world(elastic, w).grad_accum for w in (1, 2, 3, 4)] == [4, 2, 2, 1]
+    # a config from an older driver (or a hand-made loop config) names no global batch:
+    # it has its own world x batch x accumulation, as before
+    plain = fit_to_world(TrainConfig(batch_size=16, grad_accum=2), 3)
+    assert (plain.global_batch, plain.grad_accum) == (96, 2)

@@ -91,3 +91,14 @@ def test_cpus_per_worker_defaults(workers, gpus, local, given, want):
     p = plan_placement(workers, None, None, gpus, cpus_per_worker=given, local_cpus=local)
     assert p.cpus_per_worker == want
     assert p.resources_per_worker()["CPU"] == want
+
+
+def test_an_elastic_range_plans_for_max_and_needs_min():
+    # on a 16-core machine ray-ddp's own Ray is shared by MAX workers
+    p = plan_placement(4, None, None, [0], local_cpus=16, min_workers=2)
+    assert (p.workers, p.cpus_per_worker, p.needed, p.num_workers()) == (4, 4, 2, (2, 4))
+    assert p.elastic and p.describe() == "2-4 workers x 4 CPU, backend gloo"
+    fixed = plan_placement(4, None, None, [0], local_cpus=16, min_workers=4)
+    assert not fixed.elastic and (fixed.needed, fixed.num_workers()) == (4, 4)
+    gpu = plan_placement(8, None, None, [8, 8], min_workers=2)
+    assert (gpu.gpus_per_worker, gpu.num_workers(), describe_need(gpu)) == (1, (2, 8), "needs 2 workers x 1 GPU = 2 GPU")
