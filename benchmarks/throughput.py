@@ -9,6 +9,9 @@ Runs on the machine it measures (the driver of each arm is a subprocess of this 
              bounds what metrics cost (not in the default arms)
   ray-ddp-plain-ddp    the same with --plain-ddp: DDP's defaults, as the torchrun script
              has them (no gradient_as_bucket_view; not in the default arms)
+  ray-ddp-ray-priorities   the same with RAY_worker_niceness=15 in its environment: Ray's
+             own CPU priorities (training workers at nice 15 under its daemons at 0), as
+             before ray-ddp set them (not in the default arms)
 Each arm trains the same MLP with the same batch per worker for --warmup + --steps
 steps; rounds repeat the arms in rotated order and the table takes each figure's median.
 
@@ -17,6 +20,8 @@ steps; rounds repeat the arms in rotated order and the table takes each figure's
   first step s       from launching the arm's command to the end of rank 0's first step
   wall s             the arm's whole command, start to exit
   peak MiB/worker    the largest worker process's peak RSS (and GPU peak, on GPUs)
+  paired             the median over rounds of the arm's steady samples/s / torchrun's in
+                     the same round (paired rounds cancel some of a noisy machine's drift)
 
     python benchmarks/throughput.py                       # the README's table
     python benchmarks/throughput.py --workers 1,2         # scaling, 1 vs 2 workers
@@ -42,7 +47,8 @@ sys.path.insert(0, HERE)
 
 from workload import add_workload_args  # noqa: E402
 
-ARMS = ("torchrun", "ray-train", "ray-ddp", "ray-ddp-every-step", "ray-ddp-plain-ddp")
+ARMS = ("torchrun", "ray-train", "ray-ddp", "ray-ddp-every-step", "ray-ddp-plain-ddp",
+        "ray-ddp-ray-priorities")
 DEFAULT_ARMS = ARMS[:3]
 
 
@@ -121,6 +127,8 @@ def read_worker_results(arm: str, out: str, args) -> list[dict]:
 def run_arm(arm: str, args, workers: int) -> dict:
     out = tempfile.mkdtemp(prefix=f"bench_{arm}_")
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray on loopback, as ray-ddp's
+    if arm == "ray-ddp-ray-priorities":
+        env["RAY_worker_niceness"] = "15"  # Ray's default; ray-ddp then leaves priorities alone
     launched = time.time()
     proc = subprocess.run(arm_command(arm, args, workers, out), env=env, capture_output=True, text=True)
     wall = time.time() - launched
@@ -147,6 +155,7 @@ def median_by_arm(results: list[dict]) -> dict[tuple, dict]:
     grouped: dict[tuple, list[dict]] = {}
     for r in results:
         grouped.setdefault((r["workers"], r["arm"]), []).append(r)
+    baseline = {(r["round"], r["workers"]): r["samples_per_s"] for r in results if r["arm"] == "torchrun"}
     table = {}
     for key, runs in grouped.items():
         row = {"arm": key[1], "workers": key[0], "rounds": len(runs)}
@@ -154,14 +163,18 @@ def median_by_arm(results: list[dict]) -> dict[tuple, dict]:
             values = [r[field] for r in runs if r[field] is not None]
             row[field] = statistics.median(values) if values else None
         row["samples_per_s_all"] = [round(r["samples_per_s"], 1) for r in runs]
+        paired = [r["samples_per_s"] / baseline[(r["round"], r["workers"])] for r in runs
+                  if (r["round"], r["workers"]) in baseline]
+        row["paired_ratio"] = statistics.median(paired) if paired else None
+        row["paired_ratio_all"] = [round(p, 3) for p in paired]
         table[key] = row
     return table
 
 
 def render_table(table: dict[tuple, dict]) -> str:
-    lines = ["| workers | arm | steady samples/s | x torchrun | first step s | x torchrun | wall s "
+    lines = ["| workers | arm | steady samples/s | x torchrun | paired | first step s | x torchrun | wall s "
              "| x torchrun | peak MiB/worker | x torchrun |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (workers, arm), row in sorted(table.items(), key=lambda kv: (kv[0][0], ARMS.index(kv[0][1]))):
         base = table.get((workers, "torchrun"))
 
@@ -171,8 +184,9 @@ def render_table(table: dict[tuple, dict]) -> str:
             return f"{row[field] / base[field]:.3f}"
 
         mem = f"{row['peak_rss_mb']:.0f}" + (f" (GPU {row['peak_gpu_mb']:.0f})" if row["peak_gpu_mb"] else "")
+        paired = f"{row['paired_ratio']:.3f}" if row["paired_ratio"] is not None else ""
         lines.append(f"| {workers} | {arm} | {row['samples_per_s']:.0f} | {ratio('samples_per_s')} "
-                     f"| {row['first_step_s']:.1f} | {ratio('first_step_s')} | {row['wall_s']:.1f} "
+                     f"| {paired} | {row['first_step_s']:.1f} | {ratio('first_step_s')} | {row['wall_s']:.1f} "
                      f"| {ratio('wall_s')} | {mem} | {ratio('peak_rss_mb')} |")
     return "\n".join(lines)
 
@@ -241,7 +255,7 @@ def main(argv=None) -> None:
         for workers in worker_counts:
             shift = round_no % len(arms)  # rotate the order: no arm always runs first
             for arm in arms[shift:] + arms[:shift]:
-                r = run_arm(arm, args, workers)
+                r = {**run_arm(arm, args, workers), "round": round_no}
                 results.append(r)
                 print(f"round {round_no + 1}/{args.rounds} workers {workers} {arm}: "
                       f"{r['samples_per_s']:.0f} samples/s, first step {r['first_step_s']:.1f} s, "
