@@ -311,12 +311,16 @@ def _stream_crc32(fs, path: str) -> int:
 
 def weights_hash(model: nn.Module) -> int:
     """A 48-bit fingerprint of the whole weights: equal on every rank iff DDP kept them
-    in sync; under FSDP the same for a model however it is sharded."""
+    in sync; under FSDP the same for a model however it is sharded. It is taken at every
+    epoch end, so it reads each tensor's bytes once, in place, with zlib's CRC-32 (0.06 s
+    for 50M parameters here; SHA-256 over a copy of them took 0.3-0.45 s), and SHA-256
+    only combines those per-tensor sums with the names. It tells diverged weights
+    apart, not an adversary's."""
     h = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         if hasattr(tensor, "full_tensor"):  # FSDP's DTensor: gathered (a collective, every rank)
             tensor = tensor.full_tensor()
-        h.update(name.encode())
         # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
-        h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        h.update(f"{name}:{data.size}:{zlib.crc32(data)};".encode())
     return int(h.hexdigest()[:12], 16)  # 48 bits: exact as a float64 metric

@@ -38,7 +38,7 @@ from .devices import peak_memory_mb, wrap_ddp
 from .fsdp import shard_model
 from .inputs import ValSet, build_inputs
 from .models import build_model, load_callable
-from .reporting import Reporter
+from .reporting import Reporter, preemption_heard_of
 from .sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from .storage import resolve_storage
 from .tasks import Task, batch_rows, build_task, forward, to_device
@@ -383,10 +383,12 @@ class _WorkerRun:
         # windows run from close to close, so the cost of sending (a barrier, a
         # checkpoint) shows in the throughput of the window after it
         now = time.perf_counter()
-        due, check, bad_loss, bad_weights = self.reporter.agree(
-            bool(w.loss_bad.item()), save and not weights_are_finite(self.model))
+        heard = preemption_heard_of()
+        due, news, bad_loss, bad_weights = self.reporter.agree(
+            bool(w.loss_bad.item()), save and not weights_are_finite(self.model),
+            news=heard is not None and heard not in self.preemptions_seen)
         self._stop_if_not_finite(epoch, bad_loss, bad_weights)
-        notice = self._preemption_notice() if check else None  # the same on every rank
+        notice = self._preemption_notice() if news else None  # the same on every rank
         if notice is not None and not save:
             flag = torch.tensor([float(not weights_are_finite(self.model))],
                                 device=self.reporter.collective_device)
@@ -443,7 +445,9 @@ class _WorkerRun:
     def _preemption_notice(self) -> Optional[dict]:
         """A new preemption of a node of this run, as metrics columns (the preempted
         nodes and the deadline, in seconds since the epoch), or None. Asked of Ray on
-        every rank at once (a barrier); each preemption is answered once."""
+        every rank at once (a barrier), once some rank has heard of one; rank 0's answer
+        counts, so a rank 0 that has not heard yet asks again at the next window's end.
+        Each preemption is answered once."""
         info = ray.train.get_preemption_info()
         if info is None or tuple(info.preempted_node_ids) in self.preemptions_seen:
             return None
@@ -481,5 +485,12 @@ def weights_are_finite(model: nn.Module) -> bool:
     for t in model.state_dict().values():
         t = t.to_local() if hasattr(t, "to_local") else t  # FSDP: this rank's shard (agree() ORs the ranks)
         if t.is_floating_point():
-            per_device.setdefault(t.device, []).append(torch.isfinite(t).all())
-    return all(bool(torch.stack(flags).all()) for flags in per_device.values())  # a sync per device
+            # a sum is finite when every term is (a NaN or inf carries into it): one read of
+            # the weights, no mask as big as them (0.02 s for 50M parameters here, not 0.3)
+            wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+            per_device.setdefault(t.device, []).append(t.detach().sum(dtype=wide).isfinite())
+    if all(bool(torch.stack(flags).all()) for flags in per_device.values()):  # a sync per device
+        return True
+    # a non-finite sum: an inf or NaN, or finite values whose sum overflowed; look closer
+    return all(bool(torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all())
+               for t in model.state_dict().values() if t.is_floating_point())
