@@ -21,7 +21,7 @@ from .config import ConfigError, TrainConfig, worker_range
 from .devices import PlacementConfig, plan_placement
 from .dataplan import fit_batch_to, fit_data_to, inspect_data
 from .models import check_model, load_callable, model_stages
-from .worker_env import worker_runtime_env
+from .worker_env import train_controller_env, worker_runtime_env
 from .progress import show_progress
 from .storage import (EVAL_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
                       read_json, read_table, resolve_storage, write_json)
@@ -208,7 +208,7 @@ def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placemen
                    "objects": {k: v for k, v in objects.items() if v is not None}}
     _write_status(store, run_path, "running", cfg, placement)
     try:
-        with show_progress(store, run_path, echo, enabled=not cfg.quiet):
+        with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
             _fit(cfg, store, placement, loop_config)
     except TrainingError as err:
         _write_status(store, run_path, "failed", cfg, placement, error=str(err))

@@ -1,5 +1,6 @@
-"""CPU priorities: the training processes above Ray's daemons and helpers, and the cheap
-checks that run at every checkpoint and epoch end. Real processes, no Ray."""
+"""CPU priorities (the training processes above Ray's daemons and helpers), how often Ray
+Train's controller polls, and the cheap checks that run at every checkpoint and epoch
+end. Real processes, no Ray."""
 
 import os
 import subprocess
@@ -75,3 +76,16 @@ def test_finite_weights_whose_sum_overflows_are_finite():
     with torch.no_grad():
         model.weight.fill_(60000.0)  # fp16's largest is 65504: summed in float32, no overflow
     assert weights_are_finite(model)
+
+
+def test_the_controller_polls_every_second_during_a_run_unless_the_user_chose(monkeypatch):
+    from ray_ddp.worker_env import train_controller_env
+
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
+    with train_controller_env():
+        assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "1"
+    assert "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" not in os.environ  # as it was
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "5")
+    with train_controller_env():
+        assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "5"
+    assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "5"

@@ -1,0 +1,157 @@
+"""Time to the first step, and the whole smallest real job: ray-ddp against plain Ray Train.
+
+The job: the tutorial's toy model, 2 CPU workers, one DDP step, then rank 0 saves a
+checkpoint into Ray's run storage; the command exits. Two arms, run as commands side by
+side, alternating which goes first, in paired rounds:
+  ray-train  this file with --plain: a TorchTrainer written as Ray's documentation shows
+             (prepare_model, one step, torch.save, ray.train.report with the checkpoint)
+  ray-ddp    `python -m ray_ddp train --model toy --epochs 1 --steps-per-epoch 1`
+Measured from launching the command: the end of rank 0's first step (both arms write
+when it ended) and the command's exit (whole-process wall time). Where ray-ddp's seconds
+go comes from its summary's startup_s.
+
+  --cluster local     each command starts a Ray of its own (ray.init), as on a laptop
+  --cluster attached  both attach to one Ray that this script starts first (a two-CPU head
+                      from ray.cluster_utils), as under `ray job submit`
+
+    python benchmarks/startup.py --rounds 3                     # local
+    python benchmarks/startup.py --rounds 3 --cluster attached
+Runs on the machine it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ARMS = ("ray-train", "ray-ddp")
+
+
+def plain_train_func(config: dict) -> None:
+    """On each Ray Train worker: one DDP step of the toy model; rank 0 saves and reports
+    a checkpoint, the others report without one."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from ray_ddp.models import ToyModel
+
+    torch.manual_seed(0)
+    model = ray.train.torch.prepare_model(ToyModel())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(torch.randn(20, 10)), torch.randn(20, 5)).backward()
+    optimizer.step()
+    rank = ray.train.get_context().get_world_rank()
+    if rank == 0:
+        with open(config["first_step_file"], "w") as f:
+            f.write(str(time.time()))
+        folder = tempfile.mkdtemp()
+        torch.save(model.module.state_dict(), os.path.join(folder, "model.pt"))
+        ray.train.report({"step": 1}, checkpoint=ray.train.Checkpoint.from_directory(folder))
+    else:
+        ray.train.report({"step": 1})
+
+
+def run_plain(args) -> None:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    trainer = TorchTrainer(plain_train_func, train_loop_config={"first_step_file": args.first_step_file},
+                           scaling_config=ScalingConfig(num_workers=2),
+                           run_config=RunConfig(storage_path=args.storage, name="plain"))
+    trainer.fit()
+
+
+def arm_command(arm: str, storage: str, first_step_file: str) -> list[str]:
+    if arm == "ray-train":
+        return [sys.executable, os.path.abspath(__file__), "--plain", "--storage", storage,
+                "--first-step-file", first_step_file]
+    return [sys.executable, "-m", "ray_ddp", "train", "--model", "toy", "--workers", "2", "--epochs", "1",
+            "--steps-per-epoch", "1", "--storage", storage, "--name", "small", "--quiet", "--json"]
+
+
+def run_arm(arm: str, env: dict) -> dict:
+    storage = tempfile.mkdtemp(prefix=f"bench_start_{arm}_")
+    first_step_file = os.path.join(storage, "first_step")
+    launched = time.time()
+    proc = subprocess.run(arm_command(arm, storage, first_step_file), env=env, capture_output=True, text=True)
+    wall = time.time() - launched
+    if proc.returncode != 0:
+        shutil.rmtree(storage, ignore_errors=True)
+        raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    startup = None
+    if arm == "ray-ddp":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(os.path.join(storage, "small", "metrics.parquet")).to_pylist()
+        first_step = min(r["first_step_at"] for r in rows if r["rank"] == 0)
+        startup = json.loads(proc.stdout.strip().splitlines()[-1]).get("startup_s")
+    else:
+        with open(first_step_file) as f:
+            first_step = float(f.read())
+    shutil.rmtree(storage, ignore_errors=True)
+    return {"arm": arm, "first_step_s": first_step - launched, "wall_s": wall, "startup_s": startup}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cluster", choices=("local", "attached"), default="local")
+    parser.add_argument("--json", help="write every round's raw figures here")
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # the ray-train arm itself
+    parser.add_argument("--storage", help=argparse.SUPPRESS)
+    parser.add_argument("--first-step-file", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain:
+        return run_plain(args)
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # a local Ray on loopback, as ray-ddp's
+    cluster = None
+    if args.cluster == "attached":
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        env["RAY_ADDRESS"] = cluster.address
+    results = []
+    try:
+        for round_no in range(args.rounds):
+            for arm in (ARMS if round_no % 2 == 0 else ARMS[::-1]):
+                r = {**run_arm(arm, env), "round": round_no}
+                results.append(r)
+                print(f"round {round_no + 1}/{args.rounds} {arm}: first step {r['first_step_s']:.1f} s, "
+                      f"wall {r['wall_s']:.1f} s" + (f", startup {r['startup_s']}" if r["startup_s"] else ""),
+                      flush=True)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+    print(f"\nthe smallest job (toy model, 2 CPU workers, 1 step, a rank-0 checkpoint), {args.cluster} Ray, "
+          f"{os.cpu_count()} CPUs, medians of {args.rounds} paired rounds")
+    print("| arm | first step s | x ray-train (paired) | wall s | x ray-train (paired) |\n|---|---|---|---|---|")
+    base = {r["round"]: r for r in results if r["arm"] == "ray-train"}
+    for arm in ARMS:
+        mine = [r for r in results if r["arm"] == arm]
+        cells = []
+        for field in ("first_step_s", "wall_s"):
+            cells.append(f"{statistics.median(r[field] for r in mine):.1f}")
+            cells.append(f"{statistics.median(r[field] / base[r['round']][field] for r in mine):.3f}")
+        print(f"| {arm} | " + " | ".join(cells) + " |")
+    ddp = [r["startup_s"] for r in results if r["startup_s"]]
+    if ddp:
+        print("ray-ddp startup_s (median per phase): " + ", ".join(
+            f"{k} {statistics.median(s[k] for s in ddp):.2f}" for k in ddp[0]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cluster": args.cluster, "rounds": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
