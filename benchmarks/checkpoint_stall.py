@@ -90,11 +90,16 @@ def main() -> None:
                   f"checkpoints whole and loadable: {', '.join(r['checkpoints_checked'])}", flush=True)
     median = {n: statistics.median(r["samples_per_s"] for r in results if r["arm"] == n) for n in ARMS}
     base = median["no checkpoints"]
+    # paired: each round's checkpointing run against the run beside it (a noisy machine drifts)
+    paired = [c["samples_per_s"] / n["samples_per_s"] for n, c in zip(results[0::2], results[1::2])]
+    paired = [p if n["arm"] == "no checkpoints" else 1 / p for p, n in zip(paired, results[0::2])]
     print(f"\nMLP of {params / 1e6:.1f}M parameters, {args.workers} workers x batch {args.batch_size}, "
           f"{args.epochs} epochs x {args.steps_per_epoch} steps, {os.cpu_count()} CPUs")
-    print("| arm | steady samples/s | x no checkpoints |\n|---|---|---|")
+    print("| arm | steady samples/s | x no checkpoints | paired (per round) |\n|---|---|---|---|")
     for name in ARMS:
-        print(f"| {name} | {median[name]:.1f} | {median[name] / base:.3f} |")
+        rounds = "" if name == "no checkpoints" else \
+            f"{statistics.median(paired):.3f} ({', '.join(f'{p:.3f}' for p in paired)})"
+        print(f"| {name} | {median[name]:.1f} | {median[name] / base:.3f} | {rounds} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "parameters": params, "rounds": results, "median": median}, f, indent=1)

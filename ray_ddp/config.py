@@ -176,8 +176,8 @@ class TrainConfig:
                              "many steps (every epoch end closes a row too)", default=10)
     report_interval: float = _opt(
         "least seconds between sends of metrics rows to Ray Train, which takes one report per "
-        "worker per poll (2 s); sooner ones would stall training (0: send every row; "
-        "checkpoints always send)", default=3.0)
+        "worker per poll (every second under ray-ddp); sooner ones would stall training (0: send "
+        "every row; checkpoints always send)", default=3.0)
     max_failures: int = _opt("worker-group restarts from the latest checkpoint before giving up "
                              "(-1: no limit); node preemptions are not counted here", default=0)
     max_preemptions: int = _opt(
