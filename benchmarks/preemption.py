@@ -2,14 +2,12 @@
 
 1. The per-step cost of asking Ray whether a node is being preempted.
    ``ray.train.get_preemption_info()`` is a barrier through Ray (rank 0's answer is
-   broadcast). Four arms run the same DDP steps of a small mlp on 2 gloo workers under
-   Ray Train, side by side, each with ray-ddp's one all-reduce per metrics window: no
-   check, a check every step (the worst case), a check at most once a second at window
-   ends, decided in that all-reduce (what ray_ddp did before), and what ray_ddp does
-   now: each rank reads what Ray's watcher told it (its train context, no call) and the
-   window's all-reduce carries whether any rank heard of a preemption; only then do all
-   ranks ask Ray. Reported: median seconds per step and the cost per call, over paired
-   rounds.
+   broadcast), so ray_ddp asks at window ends, at most once a second. Three arms run the
+   same DDP steps of a small mlp on 2 gloo workers under Ray Train, side by side, each
+   with ray-ddp's one all-reduce per metrics window: no check, a check every step (the
+   worst case), and a check at most once a second at window ends, decided in that
+   all-reduce (what ray_ddp does). Reported: median seconds per step and the cost per
+   call, over paired rounds.
 2. Notice to checkpoint: a two-node Ray on this machine (``ray.cluster_utils.Cluster``:
    real raylets), `ray-ddp train --workers 1-2` on it, the second node drained the way
    the autoscaler does (DRAIN_NODE_REASON_PREEMPTION, 30 s deadline); the time from the
@@ -31,7 +29,7 @@ import sys
 import tempfile
 import time
 
-ARMS = ("no check", "check every step", "at window ends, <= 1/s", "ray-ddp: heard of, in the all-reduce")
+ARMS = ("no check", "check every step", "ray-ddp: at window ends, <= 1/s")
 
 
 def train_fn(config: dict) -> None:
@@ -39,8 +37,6 @@ def train_fn(config: dict) -> None:
     import ray.train
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ray_ddp.reporting import preemption_heard_of
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -60,12 +56,11 @@ def train_fn(config: dict) -> None:
             ray.train.get_preemption_info()
             calls += 1
         if (step + 1) % config["window"] == 0:
-            # every arm: the window's all-reduce, which carries rank 0's clock (is a check
-            # due?) and whether this rank heard of a preemption (no extra collective)
-            heard = preemption_heard_of() is not None if arm == ARMS[3] else False
-            flags = torch.tensor([float(time.perf_counter() - last_check >= 1.0), float(heard)])
-            torch.distributed.all_reduce(flags)
-            if (arm == ARMS[2] and flags[0].item()) or (arm == ARMS[3] and flags[1].item()):
+            # every arm: the window's all-reduce, which in ray-ddp also carries rank 0's
+            # clock deciding whether a preemption check is due (no extra collective)
+            due = torch.tensor([float(time.perf_counter() - last_check >= 1.0)])
+            torch.distributed.all_reduce(due)
+            if arm == ARMS[2] and due.item():
                 last_check = time.perf_counter()
                 ray.train.get_preemption_info()
                 calls += 1

@@ -38,7 +38,7 @@ from .devices import peak_memory_mb, wrap_ddp
 from .fsdp import shard_model
 from .inputs import ValSet, build_inputs
 from .models import build_model, load_callable
-from .reporting import Reporter, preemption_heard_of
+from .reporting import Reporter
 from .sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from .storage import resolve_storage
 from .tasks import Task, batch_rows, build_task, forward, to_device
@@ -383,12 +383,10 @@ class _WorkerRun:
         # windows run from close to close, so the cost of sending (a barrier, a
         # checkpoint) shows in the throughput of the window after it
         now = time.perf_counter()
-        heard = preemption_heard_of()
-        due, news, bad_loss, bad_weights = self.reporter.agree(
-            bool(w.loss_bad.item()), save and not weights_are_finite(self.model),
-            news=heard is not None and heard not in self.preemptions_seen)
+        due, check, bad_loss, bad_weights = self.reporter.agree(
+            bool(w.loss_bad.item()), save and not weights_are_finite(self.model))
         self._stop_if_not_finite(epoch, bad_loss, bad_weights)
-        notice = self._preemption_notice() if news else None  # the same on every rank
+        notice = self._preemption_notice() if check else None  # the same on every rank
         if notice is not None and not save:
             flag = torch.tensor([float(not weights_are_finite(self.model))],
                                 device=self.reporter.collective_device)
@@ -445,9 +443,7 @@ class _WorkerRun:
     def _preemption_notice(self) -> Optional[dict]:
         """A new preemption of a node of this run, as metrics columns (the preempted
         nodes and the deadline, in seconds since the epoch), or None. Asked of Ray on
-        every rank at once (a barrier), once some rank has heard of one; rank 0's answer
-        counts, so a rank 0 that has not heard yet asks again at the next window's end.
-        Each preemption is answered once."""
+        every rank at once (a barrier); each preemption is answered once."""
         info = ray.train.get_preemption_info()
         if info is None or tuple(info.preempted_node_ids) in self.preemptions_seen:
             return None

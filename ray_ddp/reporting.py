@@ -7,18 +7,16 @@ window would stall a fast loop. Windows (metrics.parquet rows) are closed by the
 the ``Reporter`` holds them and sends them together when a checkpoint is due, or when
 ``report_interval`` has passed. A report is a barrier, so every rank takes the same
 decision: the loop agrees on it in one all-reduce per window (``agree``), which also
-carries each rank's non-finite flags, and whether any rank has heard of a preemption.
-Ray's preemption watcher tells every worker of a drained node; a rank reads that from
-its own train context (no call), and only when some rank has news do all ranks ask
-``ray.train.get_preemption_info``, a barrier through Ray's helper actors (which run at a
-lower CPU priority than the ranks: asked every second, it cost a 1-worker run 10%).
+carries each rank's non-finite flags, and whether to ask Ray if a node is being
+preempted (``ray.train.get_preemption_info`` is a barrier through Ray, so it is asked
+at window ends, at most every PREEMPTION_CHECK_S seconds, never per step).
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any
 
 import ray.train
 import torch
@@ -28,15 +26,10 @@ from .checkpoint import capture_rng, checkpoint_dir_name
 from .sharded import ShardedCheckpointWriter
 from .writer import CheckpointWriter
 
-
-def preemption_heard_of() -> Optional[tuple[str, ...]]:
-    """The nodes of the preemption Ray's watcher last told this worker of, or None: read
-    from the worker's train context, where the watcher puts it (Ray 2.60, pinned; the
-    public ``ray.train.get_preemption_info`` reads the same, then holds a barrier)."""
-    from ray.train.v2._internal.execution.context import get_train_context
-
-    info = get_train_context().preemption_context.preemption_info
-    return None if info is None else tuple(info.preempted_node_ids)
+# Least seconds between two preemption checks: each is a barrier through Ray (about 4 ms,
+# benchmarks/preemption.py). Ray's PreemptionWatcher sees a drain within 5 s
+# (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S); asking every second adds at most a second to that.
+PREEMPTION_CHECK_S = 1.0
 
 
 class Reporter:
@@ -48,7 +41,7 @@ class Reporter:
         self.report_interval = report_interval
         self.collective_device = collective_device  # where a tensor for the backend lives
         self.unsent: list[dict[str, Any]] = []
-        self.last_sent = time.perf_counter()
+        self.last_sent = self.last_preemption_check = time.perf_counter()
         self.sharded = sharded
         self.writer = None
         storage = ray.train.get_context().get_storage()
@@ -59,22 +52,24 @@ class Reporter:
             self.writer = CheckpointWriter(storage.storage_filesystem,
                                            storage.build_checkpoint_path_from_name)
 
-    def agree(self, loss_bad: bool, weights_bad: bool,
-              news: bool) -> tuple[bool, bool, list[int], list[int]]:
+    def agree(self, loss_bad: bool, weights_bad: bool) -> tuple[bool, bool, list[int], list[int]]:
         """One all-reduce: whether a send is due (rank 0's clock: ``report_interval`` has
         passed and no checkpoint is being written, as Ray keeps reports in order),
-        whether any rank has preemption ``news``, and which ranks saw a non-finite loss,
-        and non-finite weights."""
+        whether a preemption check is due (rank 0's clock again), and which ranks saw a
+        non-finite loss, and non-finite weights."""
         now = time.perf_counter()
         due = self.rank == 0 and now - self.last_sent >= self.report_interval and self.writer.idle()
+        check = self.rank == 0 and now - self.last_preemption_check >= PREEMPTION_CHECK_S
         flags = torch.zeros(2 + 2 * self.world_size, device=self.collective_device)
-        flags[0], flags[1] = float(due), float(news)
+        flags[0], flags[1] = float(due), float(check)
         flags[2 + self.rank] = float(loss_bad)
         flags[2 + self.world_size + self.rank] = float(weights_bad)
         dist.all_reduce(flags)
         values = flags.tolist()
         bad_loss = [r for r in range(self.world_size) if values[2 + r]]
         bad_weights = [r for r in range(self.world_size) if values[2 + self.world_size + r]]
+        if values[1] > 0:
+            self.last_preemption_check = now
         return values[0] > 0 or self.report_interval <= 0, values[1] > 0, bad_loss, bad_weights
 
     def add(self, row: dict[str, Any]) -> None:
