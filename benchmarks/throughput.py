@@ -9,9 +9,6 @@ Runs on the machine it measures (the driver of each arm is a subprocess of this 
              bounds what metrics cost (not in the default arms)
   ray-ddp-plain-ddp    the same with --plain-ddp: DDP's defaults, as the torchrun script
              has them (no gradient_as_bucket_view; not in the default arms)
-  ray-ddp-ray-priorities   the same with RAY_worker_niceness=15 in its environment: Ray's
-             own CPU priorities (training workers at nice 15 under its daemons at 0), as
-             before ray-ddp set them (not in the default arms)
 Each arm trains the same MLP with the same batch per worker for --warmup + --steps
 steps; rounds repeat the arms in rotated order and the table takes each figure's median.
 
@@ -47,8 +44,7 @@ sys.path.insert(0, HERE)
 
 from workload import add_workload_args  # noqa: E402
 
-ARMS = ("torchrun", "ray-train", "ray-ddp", "ray-ddp-every-step", "ray-ddp-plain-ddp",
-        "ray-ddp-ray-priorities")
+ARMS = ("torchrun", "ray-train", "ray-ddp", "ray-ddp-every-step", "ray-ddp-plain-ddp")
 DEFAULT_ARMS = ARMS[:3]
 
 
@@ -127,8 +123,6 @@ def read_worker_results(arm: str, out: str, args) -> list[dict]:
 def run_arm(arm: str, args, workers: int) -> dict:
     out = tempfile.mkdtemp(prefix=f"bench_{arm}_")
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray on loopback, as ray-ddp's
-    if arm == "ray-ddp-ray-priorities":
-        env["RAY_worker_niceness"] = "15"  # Ray's default; ray-ddp then leaves priorities alone
     launched = time.time()
     proc = subprocess.run(arm_command(arm, args, workers, out), env=env, capture_output=True, text=True)
     wall = time.time() - launched

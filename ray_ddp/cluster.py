@@ -86,66 +86,12 @@ def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0) -> It
         started_here = True
         if address == "local":
             own_cpus = int(ray.cluster_resources().get("CPU", 0)) or None
-            lower_daemons_priority()
     try:
         yield ClusterConfig([int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")],
                             own_cpus)
     finally:
         if started_here:
             ray.shutdown()
-
-
-# The nice value for the daemons of a Ray that ray-ddp starts: above the training
-# processes (0), below nothing of Ray's own workers (15). See worker_env.TRAINING_PRIORITY_ENV.
-DAEMON_NICENESS = 10
-
-
-def lower_daemons_priority() -> list[int]:
-    """Give the daemons of the Ray this process just started (GCS, dashboard, log monitor,
-    autoscaler monitor, the raylet's agents) a lower CPU priority than the training ranks,
-    so that their wake-ups wait for a rank, not the other way round; returns their pids.
-    The raylet keeps its priority: the worker processes it forks inherit it. Linux only;
-    with RAY_worker_niceness in the environment, the user has chosen priorities."""
-    from .worker_env import TRAINING_PRIORITY_ENV
-
-    if TRAINING_PRIORITY_ENV.keys() & os.environ.keys() or not os.path.isdir("/proc/self"):
-        return []
-    lowered = []
-    for pid, command in _descendants(os.getpid()):
-        if os.path.basename(command.split(" ", 1)[0]) == "raylet":
-            continue
-        try:
-            if os.getpriority(os.PRIO_PROCESS, pid) < DAEMON_NICENESS:
-                os.setpriority(os.PRIO_PROCESS, pid, DAEMON_NICENESS)
-                lowered.append(pid)
-        except OSError:  # gone meanwhile
-            continue
-    return lowered
-
-
-def _descendants(root: int) -> list[tuple[int, str]]:
-    """(pid, command line) of every process below ``root``, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        found.append((pid, command))
-        todo.extend(children.get(pid, []))
-    return found
 
 
 def _check_same_cluster(address: Optional[str]) -> None:

@@ -139,7 +139,6 @@ def _start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from .cluster import describe_need
-    from .worker_env import with_training_priority
 
     bundle = placement.resources_per_worker()
     pg = placement_group([bundle] * placement.workers, strategy="PACK")
@@ -155,8 +154,7 @@ def _start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -
     actors = [
         actor_cls.options(
             max_concurrency=2,  # run_script and read_output at once
-            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
-            runtime_env=with_training_priority(runtime_env),
+            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=runtime_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
         ).remote()
         for i in range(placement.workers)

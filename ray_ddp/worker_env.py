@@ -1,6 +1,6 @@
 """The environment Ray gives the training workers: the one place that names it. Runs on
 the driver (the runtime_env goes to Ray with the trainer): the user's modules on the
-path, glibc's malloc for FSDP on CPU, and the training processes' CPU priority.
+path and glibc's malloc for FSDP on CPU; and how often Ray Train's controller polls.
 """
 
 from __future__ import annotations
@@ -21,14 +21,6 @@ from .config import TrainConfig
 # in the driver's environment wins.
 FSDP_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
-# Ray starts every worker process at nice 15 (its worker_niceness), below its own daemons
-# (raylet, GCS, agents, log monitor) and the driver at 0: on a busy machine these then take
-# the CPU from the training ranks whenever they wake, and a rank that waits holds every
-# other rank in its all-reduce. The training processes are what the machine is for, so
-# they run at 0; Ray's helper actors (Train's controller, watchers, ...) keep Ray's 15.
-# With RAY_worker_niceness in the driver's environment, Ray's setting stands.
-TRAINING_PRIORITY_ENV = {"RAY_worker_niceness": "0"}
-
 
 def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
     """The one place that sets workers' environment: a user model, dataset, loss or
@@ -39,7 +31,7 @@ def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
     env = importable_env(*(spec.split(":")[0] for spec in specs)) if specs else {}
     if cfg.strategy == "fsdp" and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         env = {**env, "env_vars": {**env.get("env_vars", {}), **FSDP_MALLOC_ENV}}
-    return with_training_priority(env)
+    return env
 
 
 # Ray Train's controller polls the workers (their status, their reports) every 2 s by
@@ -61,14 +53,6 @@ def train_controller_env() -> Iterator[None]:
     finally:
         for k in added:
             os.environ.pop(k, None)
-
-
-def with_training_priority(runtime_env: dict[str, Any]) -> dict[str, Any]:
-    """``runtime_env`` whose processes run at the training priority (TRAINING_PRIORITY_ENV)
-    unless the driver's environment names Ray's worker niceness itself."""
-    if TRAINING_PRIORITY_ENV.keys() & os.environ.keys():
-        return runtime_env
-    return {**runtime_env, "env_vars": {**runtime_env.get("env_vars", {}), **TRAINING_PRIORITY_ENV}}
 
 
 def importable_env(*module_names: str) -> dict[str, Any]:
