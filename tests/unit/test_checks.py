@@ -8,6 +8,7 @@ import torch
 
 from ray_ddp.loop import weights_are_finite
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_non_finite_weights_are_found_in_any_float_type(dtype):
     model = torch.nn.Linear(64, 64).to(dtype)
