@@ -27,8 +27,9 @@ def raises():
 
 class SlowToy(torch.nn.Module):
     """The tutorial's ToyModel (same layers, same init for a seed) that takes ~0.1 s a
-    step and leaves its pid in $TMPDIR/ray_ddp_test_pids/<run>/<rank>.pid, so a test can
-    kill a real training worker in mid-run."""
+    step ($SLOW_TOY_STEP_S where set: a test that needs more time to act mid-run sets it
+    on its Ray's nodes) and leaves its pid in $TMPDIR/ray_ddp_test_pids/<run>/<rank>.pid,
+    so a test can kill a real training worker in mid-run."""
 
     def __init__(self):
         super().__init__()
@@ -41,9 +42,10 @@ class SlowToy(torch.nn.Module):
         if not self._pid_written:
             _write_pid()
             self._pid_written = True
+        import os
         import time
 
-        time.sleep(0.1)
+        time.sleep(float(os.environ.get("SLOW_TOY_STEP_S", "0.1")))
         return self.net2(self.relu(self.net1(x)))
 
 

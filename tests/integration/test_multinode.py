@@ -32,7 +32,12 @@ pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELPERS = os.path.join(ROOT, "tests", "helpers")
 GCS_PORT, DASHBOARD_PORT = 46379, 48265
-STEPS = 40  # per epoch of the elastic story; slow_toy takes 0.1 s a micro-batch
+STEPS = 40  # per epoch of the elastic story
+# slow_toy's sleep per micro-batch on the cluster's nodes: run B's last 80 steps then take
+# 20 s, time enough for the drain call, Ray's notice and the loop's check on a busy
+# 2-core machine (at 0.1 s a step, 8 s were sometimes too few: the preemption checkpoint
+# then came at the run's last step). Sleeping costs no CPU.
+STEP_S = 0.25
 ELASTIC = ["--model", "user_models:slow_toy", "--workers", "1-2", "--steps-per-epoch", str(STEPS),
            "--batch-size", "16", "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0"]
 
@@ -48,7 +53,7 @@ def cluster_and_story(tmp_path_factory):
     # start on a busy 2-core machine. A test needs no patience.
     env = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1", "RAY_health_check_period_ms": "1000",
            "RAY_health_check_failure_threshold": "3", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "20",
-           "PYTHONPATH": HELPERS}
+           "PYTHONPATH": HELPERS, "SLOW_TOY_STEP_S": str(STEP_S)}
     cluster_gen = loopback_cluster(str(tmp_path_factory.mktemp("home")), GCS_PORT, DASHBOARD_PORT, env)
     c = next(cluster_gen)
     try:
