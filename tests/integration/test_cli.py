@@ -8,7 +8,6 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from ray_ddp.cli import main
 
 pytestmark = pytest.mark.ray
 

@@ -11,7 +11,7 @@ import pytest
 
 from ray_ddp import run
 from ray_ddp.cli import main
-from ray_ddp.runs import list_runs, write_report
+from ray_ddp.runs import write_report
 
 from ._runs import small
 

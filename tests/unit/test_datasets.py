@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from ray_ddp.cli import main
-from ray_ddp.config import ConfigError
 from ray_ddp.data import epoch_order, rows_of_step, steps_for_rows
 from ray_ddp.datasets import inspect_table, load_table, write_synthetic
 

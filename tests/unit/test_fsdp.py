@@ -12,7 +12,7 @@ from ray_ddp.checkpoint import META_FILE, MODEL_FILE, TrainState, verify_checkpo
 from ray_ddp.export import export_model
 from ray_ddp.fsdp import check_fsdp_wrap, shard_model, shard_units
 from ray_ddp.inputs import ValSet
-from ray_ddp.models import GPT, Block, build_mlp
+from ray_ddp.models import GPT, build_mlp
 from ray_ddp.sharded import ShardedCheckpointWriter, load_sharded_checkpoint, read_model_state
 
 import pyarrow.fs as pafs

@@ -1,7 +1,6 @@
 """Progress output and straggler detection, on real files (no Ray)."""
 
 import io
-import json
 import time
 from contextlib import redirect_stdout
 
