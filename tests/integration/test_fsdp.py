@@ -46,18 +46,26 @@ def config(storage, name, model, text, **kw):
     return small(storage, name, **{**COMMON, **MODELS[model], **extra, **kw})
 
 
+# The killed run: the gpt, whose sharded checkpoint holds the most (a tied embedding, bf16
+# training, validation); the mlp's uninterrupted run is the reference of the resume and
+# export tests. (Each Ray Train start costs ~15 s of this 2-core machine's CPU, so each
+# run here is one that tests something no other does.)
+KILLED = ("gpt",)
+
+
 @pytest.fixture(scope="module")
 def fsdp_runs(ray_local, storage, text):
-    """For each model, an uninterrupted FSDP run and one whose rank 1 is SIGKILLed in
-    epoch 2 (restarted from the latest sharded checkpoint, --max-failures 1). All four
-    run at once (2 workers each): Ray's start-up of one overlaps the others' training."""
+    """For each model an uninterrupted FSDP run, and for each of KILLED one whose rank 1
+    is SIGKILLed in epoch 2 (restarted from the latest sharded checkpoint, --max-failures
+    1). All run at once (2 workers each)."""
     runs = {}
     for model in MODELS:
         runs[model] = run_in_thread(config(storage, f"fsdp-{model}", model, text))
+    for model in KILLED:
         runs[f"{model}-killed"] = run_in_thread(config(storage, f"fsdp-{model}-killed", model, text,
                                                        max_failures=1))
     killed_pids = {}
-    for model in MODELS:
+    for model in KILLED:
         name = f"fsdp-{model}-killed"
         pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name, "1.pid")
         # past epoch 2's first window: its first checkpoint (epoch 1) is written
@@ -69,7 +77,7 @@ def fsdp_runs(ray_local, storage, text):
     return summaries, killed_pids
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", KILLED)
 def test_a_killed_worker_resumes_from_the_shards_bit_identical(fsdp_runs, model):
     summaries, killed_pids = fsdp_runs
     reference, summary = summaries[model], summaries[f"{model}-killed"]
@@ -80,8 +88,7 @@ def test_a_killed_worker_resumes_from_the_shards_bit_identical(fsdp_runs, model)
     assert {r["loaded_hash"] for r in rows if r.get("loaded_hash") is not None}, "a checkpoint was loaded"
     assert len(set(final_hashes(ref_rows).values())) == 1, "one model, however sharded"
     assert final_hashes(rows) == final_hashes(ref_rows)
-    if model == "gpt":
-        assert summary.val_loss == reference.val_loss  # validated on every row, the same
+    assert summary.val_loss == reference.val_loss  # validated on every row, the same
 
 
 def epoch_end_hash(rows, step):

@@ -113,24 +113,16 @@ def test_resume_with_another_model_shape_is_refused(full_run, storage):
         run(small(storage, "full", strategy="fsdp", epochs=4))
 
 
-def test_user_model_callable_trains_on_workers_in_bf16(ray_local, storage):
-    summary = run(small(storage, "user-model", model="user_models:small_net", epochs=1,
-                        amp="bf16", grad_accum=2))
-    rows = rows_of(summary)
-    assert summary.epochs_completed == 1 and len(set(final_hashes(rows).values())) == 1
+def test_a_user_model_trains_in_bf16_into_a_storage_uri(ray_local, tmp_path):
+    # one run, two claims (each Ray Train start costs ~15 s of a 2-core machine): a user's
+    # model callable trains on the workers in bf16 with accumulation, and a file:// URI
+    # holds its checkpoint, metrics and summary
+    uri = f"file://{tmp_path}/uri-runs"
+    first = run(small(uri, "via-uri", model="user_models:small_net", epochs=1, amp="bf16", grad_accum=2))
+    rows = rows_of(first)
+    assert first.epochs_completed == 1 and len(set(final_hashes(rows).values())) == 1
     losses = [r["loss"] for r in rows if r["rank"] == 0]
     assert all(math.isfinite(l) for l in losses) and losses[-1] < losses[0]
-
-
-def test_gpus_asked_for_on_a_cpu_cluster_fail_fast(ray_local, storage):
-    with pytest.raises(ConfigError, match=r"needs 2 workers x 1 GPU = 2 GPU; the cluster has 0 GPU"):
-        run(small(storage, "no-gpu", gpus_per_worker=1))
-    assert not (storage / "no-gpu").exists()
-
-
-def test_storage_uri_holds_checkpoints_metrics_and_summary(ray_local, tmp_path):
-    uri = f"file://{tmp_path}/uri-runs"
-    first = run(small(uri, "via-uri", epochs=1))
     assert first.path == f"{uri}/via-uri" and first.checkpoint == f"{uri}/via-uri/step-00000010"
     assert first.metrics == f"{uri}/via-uri/metrics.parquet"
     assert (tmp_path / "uri-runs" / "via-uri" / "step-00000010" / MODEL_FILE).is_file()
@@ -138,6 +130,12 @@ def test_storage_uri_holds_checkpoints_metrics_and_summary(ray_local, tmp_path):
     assert json.loads((tmp_path / "uri-runs" / "via-uri" / "summary.json").read_text())["run"] == "via-uri"
     store = resolve_storage(uri)  # what a resume would find, through the same filesystem
     assert find_latest_checkpoint(store.fs, store.run_path("via-uri")).latest == "step-00000010"
+
+
+def test_gpus_asked_for_on_a_cpu_cluster_fail_fast(ray_local, storage):
+    with pytest.raises(ConfigError, match=r"needs 2 workers x 1 GPU = 2 GPU; the cluster has 0 GPU"):
+        run(small(storage, "no-gpu", gpus_per_worker=1))
+    assert not (storage / "no-gpu").exists()
 
 
 def test_waiting_for_nodes_gives_up_after_the_bound(ray_local):
