@@ -9,6 +9,8 @@ Runs on the machine it measures (the driver of each arm is a subprocess of this 
              bounds what metrics cost (not in the default arms)
   ray-ddp-plain-ddp    the same with --plain-ddp: DDP's defaults, as the torchrun script
              has them (no gradient_as_bucket_view; not in the default arms)
+  ray-ddp-static-graph, ray-ddp-bucket-5, ray-ddp-bucket-100   the same with DDP's other
+             fast paths: --static-graph, --bucket-mb 5 or 100 (not in the default arms)
 Each arm trains the same MLP with the same batch per worker for --warmup + --steps
 steps; rounds repeat the arms in rotated order and the table takes each figure's median.
 
@@ -44,7 +46,13 @@ sys.path.insert(0, HERE)
 
 from workload import add_workload_args  # noqa: E402
 
-ARMS = ("torchrun", "ray-train", "ray-ddp", "ray-ddp-every-step", "ray-ddp-plain-ddp")
+# each ray-ddp arm: the ray-ddp command with these flags added
+RAY_DDP_ARMS = {
+    "ray-ddp": [], "ray-ddp-every-step": ["--report-every", "1"], "ray-ddp-plain-ddp": ["--plain-ddp"],
+    "ray-ddp-static-graph": ["--static-graph"], "ray-ddp-bucket-5": ["--bucket-mb", "5"],
+    "ray-ddp-bucket-100": ["--bucket-mb", "100"],
+}
+ARMS = ("torchrun", "ray-train", *RAY_DDP_ARMS)
 DEFAULT_ARMS = ARMS[:3]
 
 
@@ -86,12 +94,10 @@ def arm_command(arm: str, args, workers: int, out: str) -> list[str]:
         return [py, os.path.join(HERE, "plain_ray_train.py"), *common, *timed, "--out", out,
                 "--workers", str(workers), "--gpus-per-worker", str(args.gpus_per_worker),
                 "--report-every", str(args.plain_report_every), "--storage", os.path.join(out, "storage")]
-    if arm.startswith("ray-ddp"):
-        every = 1 if arm == "ray-ddp-every-step" else args.report_every
-        plain = ["--plain-ddp"] if arm == "ray-ddp-plain-ddp" else []
-        return [py, "-m", "ray_ddp", "train", "--model", "mlp", *common, *plain, "--optimizer", "sgd",
+    if arm in RAY_DDP_ARMS:
+        return [py, "-m", "ray_ddp", "train", "--model", "mlp", *common, "--optimizer", "sgd",
                 "--epochs", "1", "--steps-per-epoch", str(args.warmup + args.steps),
-                "--report-every", str(every), "--workers", str(workers),
+                "--report-every", str(args.report_every), *RAY_DDP_ARMS[arm], "--workers", str(workers),
                 "--gpus-per-worker", str(args.gpus_per_worker), "--storage", out, "--name", "run",
                 "--quiet", "--json"]
     raise ValueError(arm)

@@ -93,6 +93,13 @@ class TrainConfig:
         "wrap the model in DDP with its defaults, as a plain torchrun script does; without it "
         "gradients live in DDP's communication buckets (gradient_as_bucket_view: one copy "
         "less per step, and one gradient-sized buffer less)", default=False)
+    static_graph: bool = _opt(
+        "tell DDP the model runs the same graph every step (static_graph: no control flow that "
+        "changes which parameters a step uses); only for models that keep to that, and without "
+        "gradient accumulation", default=False)
+    bucket_mb: Optional[float] = _opt(
+        "size of DDP's gradient all-reduce buckets in MiB (bucket_cap_mb); default: DDP's 25",
+        default=None)
     strategy: str = _opt(
         "data parallelism: ddp (every rank holds the whole model, optimizer state and "
         "gradients) or fsdp (PyTorch FSDP2: all three sharded across the ranks, so memory per "
@@ -247,6 +254,12 @@ class TrainConfig:
         if self.global_batch is not None and self.grad_accum != 1:
             raise ConfigError("--global-batch decides the accumulation steps (global batch / "
                               "(workers x batch-size)); drop --grad-accum")
+        if self.bucket_mb is not None and not (math.isfinite(self.bucket_mb) and self.bucket_mb > 0):
+            raise ConfigError(f"--bucket-mb must be a positive number of MiB, got {self.bucket_mb}")
+        if self.static_graph and (self.grad_accum > 1 or self.global_batch is not None):
+            raise ConfigError("--static-graph cannot accumulate gradients (DDP's static graph must "
+                              "all-reduce on its first micro-batch): drop --grad-accum/--global-batch "
+                              "or --static-graph")
         if self.max_preemptions < -1:
             raise ConfigError("--max-preemptions must be -1 (no limit), 0 or more")
         if not math.isfinite(self.report_interval) or self.report_interval < 0:
@@ -332,8 +345,10 @@ def _check_fsdp(cfg: TrainConfig) -> None:
     if cfg.find_unused_parameters:
         raise ConfigError("--find-unused-parameters is a DDP setting; FSDP handles a forward that "
                           "skips parameters itself: drop the flag")
-    if cfg.plain_ddp:
-        raise ConfigError("--plain-ddp is a DDP setting; drop it with --strategy fsdp")
+    for flag, value in (("--plain-ddp", cfg.plain_ddp), ("--static-graph", cfg.static_graph),
+                        ("--bucket-mb", cfg.bucket_mb)):
+        if value:
+            raise ConfigError(f"{flag} is a DDP setting; drop it with --strategy fsdp")
     if cfg.fsdp_wrap is not None and not [c for c in cfg.fsdp_wrap.split(",") if c.strip()]:
         raise ConfigError("--fsdp-wrap needs at least one class name, e.g. torch.nn.TransformerEncoderLayer")
 

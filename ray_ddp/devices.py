@@ -128,7 +128,8 @@ def _describe_gpus(node_gpus: Sequence[int]) -> str:
 
 
 def wrap_ddp(model: nn.Module, devices: Sequence[torch.device], find_unused_parameters: bool = False,
-             bucket_view: bool = True) -> DDP:
+             bucket_view: bool = True, static_graph: bool = False,
+             bucket_mb: Optional[float] = None) -> DDP:
     """Wrap the bare model in DDP for this worker's devices.
 
     One GPU: ``device_ids=[it]``, as Ray's prepare_model would. A model spread over a
@@ -138,9 +139,13 @@ def wrap_ddp(model: nn.Module, devices: Sequence[torch.device], find_unused_para
     (``gradient_as_bucket_view``), so backward writes it where the all-reduce reads it:
     no copy in and out of the buckets every step, no second gradient-sized buffer. Safe
     for the loop's own optimizers, clipping and scaler, which update gradients in place
-    or set them to None, never replace them.
+    or set them to None, never replace them. ``static_graph`` and ``bucket_mb`` are DDP's
+    own ``static_graph`` and ``bucket_cap_mb``; None keeps DDP's default.
     """
-    options = dict(find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=bucket_view)
+    options = dict(find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=bucket_view,
+                   static_graph=static_graph)
+    if bucket_mb is not None:
+        options["bucket_cap_mb"] = bucket_mb
     distinct = {d for d in devices}
     if len(distinct) == 1 and devices[0].type == "cuda":
         return DDP(model, device_ids=[devices[0]], output_device=devices[0], **options)

@@ -92,7 +92,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
 
     wrapped = model if fsdp else wrap_ddp(model, devices, cfg.find_unused_parameters,
-                                          bucket_view=not cfg.plain_ddp)
+                                          bucket_view=not cfg.plain_ddp, static_graph=cfg.static_graph,
+                                          bucket_mb=cfg.bucket_mb)
     parts = TrainParts(model, wrapped, torch.compile(wrapped) if cfg.compile else wrapped,
                        optimizer, scheduler, scaler, devices)
     loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
