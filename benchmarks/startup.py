@@ -6,6 +6,9 @@ side, alternating which goes first, in paired rounds:
   ray-train  this file with --plain: a TorchTrainer written as Ray's documentation shows
              (prepare_model, one step, torch.save, ray.train.report with the checkpoint)
   ray-ddp    `python -m ray_ddp train --model toy --epochs 1 --steps-per-epoch 1`
+  ray-ddp-idle-workers   the same with RAY_prestart_worker_first_driver=1: the Ray it
+             starts prestarts idle Python workers for the driver, as Ray does by default
+             and ray-ddp no longer asks for (not in the default arms)
 Measured from launching the command: the end of rank 0's first step (both arms write
 when it ended) and the command's exit (whole-process wall time). Where ray-ddp's seconds
 go comes from its summary's startup_s.
@@ -16,6 +19,7 @@ go comes from its summary's startup_s.
 
     python benchmarks/startup.py --rounds 3                     # local
     python benchmarks/startup.py --rounds 3 --cluster attached
+    python benchmarks/startup.py --rounds 4 --arms ray-ddp,ray-ddp-idle-workers
 Runs on the machine it measures.
 """
 
@@ -31,7 +35,9 @@ import sys
 import tempfile
 import time
 
-ARMS = ("ray-train", "ray-ddp")
+ARMS = ("ray-train", "ray-ddp", "ray-ddp-idle-workers")
+DEFAULT_ARMS = ARMS[:2]
+ARM_ENV = {"ray-ddp-idle-workers": {"RAY_prestart_worker_first_driver": "1"}}
 
 
 def plain_train_func(config: dict) -> None:
@@ -82,13 +88,14 @@ def run_arm(arm: str, env: dict) -> dict:
     storage = tempfile.mkdtemp(prefix=f"bench_start_{arm}_")
     first_step_file = os.path.join(storage, "first_step")
     launched = time.time()
-    proc = subprocess.run(arm_command(arm, storage, first_step_file), env=env, capture_output=True, text=True)
+    proc = subprocess.run(arm_command(arm, storage, first_step_file), env={**env, **ARM_ENV.get(arm, {})},
+                          capture_output=True, text=True)
     wall = time.time() - launched
     if proc.returncode != 0:
         shutil.rmtree(storage, ignore_errors=True)
         raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     startup = None
-    if arm == "ray-ddp":
+    if arm.startswith("ray-ddp"):
         import pyarrow.parquet as pq
 
         rows = pq.read_table(os.path.join(storage, "small", "metrics.parquet")).to_pylist()
@@ -105,6 +112,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cluster", choices=("local", "attached"), default="local")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help=f"comma-separated, from {', '.join(ARMS)} (ray-train is the baseline, always run)")
     parser.add_argument("--json", help="write every round's raw figures here")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # the ray-train arm itself
     parser.add_argument("--storage", help=argparse.SUPPRESS)
@@ -112,6 +121,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.plain:
         return run_plain(args)
+    arms = ["ray-train"] + [a for a in args.arms.split(",") if a and a != "ray-train"]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arm {unknown[0]}; choose from {', '.join(ARMS)}")
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # a local Ray on loopback, as ray-ddp's
@@ -124,7 +137,7 @@ def main() -> None:
     results = []
     try:
         for round_no in range(args.rounds):
-            for arm in (ARMS if round_no % 2 == 0 else ARMS[::-1]):
+            for arm in (arms if round_no % 2 == 0 else arms[::-1]):
                 r = {**run_arm(arm, env), "round": round_no}
                 results.append(r)
                 print(f"round {round_no + 1}/{args.rounds} {arm}: first step {r['first_step_s']:.1f} s, "
@@ -137,14 +150,14 @@ def main() -> None:
           f"{os.cpu_count()} CPUs, medians of {args.rounds} paired rounds")
     print("| arm | first step s | x ray-train (paired) | wall s | x ray-train (paired) |\n|---|---|---|---|---|")
     base = {r["round"]: r for r in results if r["arm"] == "ray-train"}
-    for arm in ARMS:
+    for arm in arms:
         mine = [r for r in results if r["arm"] == arm]
         cells = []
         for field in ("first_step_s", "wall_s"):
             cells.append(f"{statistics.median(r[field] for r in mine):.1f}")
             cells.append(f"{statistics.median(r[field] / base[r['round']][field] for r in mine):.3f}")
         print(f"| {arm} | " + " | ".join(cells) + " |")
-    ddp = [r["startup_s"] for r in results if r["startup_s"]]
+    ddp = [r["startup_s"] for r in results if r["arm"] == "ray-ddp" and r["startup_s"]]
     if ddp:
         print("ray-ddp startup_s (median per phase): " + ", ".join(
             f"{k} {statistics.median(s[k] for s in ddp):.2f}" for k in ddp[0]))

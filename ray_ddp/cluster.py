@@ -44,11 +44,14 @@ class ClusterConfig:
 
 
 @contextmanager
-def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0) -> Iterator[ClusterConfig]:
+def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0,
+               idle_workers: bool = True) -> Iterator[ClusterConfig]:
     """Attach to Ray (``address``, RAY_ADDRESS, or an already initialized Ray) or start a
     private local one; disconnect (or stop) only what this call connected (or started).
     An explicit ``address`` other than the one a Ray already initialized in this process
-    is connected to is refused: Ray cannot attach one process to two clusters."""
+    is connected to is refused: Ray cannot attach one process to two clusters.
+    ``idle_workers=False``: a private Ray does not prestart idle Python workers for this
+    driver, for a caller that would never use them (see driver.run)."""
     if address is not None:
         check_reachable(address)  # an explicit address is checked even if Ray is up here
     address = address or os.environ.get("RAY_ADDRESS")
@@ -70,6 +73,8 @@ def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0) -> It
         if address is None:
             # as many CPU slots as workers asked for, so a local run never waits
             kwargs.update(num_cpus=max(os.cpu_count() or 1, local_cpus), include_dashboard=False)
+            if not idle_workers and "RAY_prestart_worker_first_driver" not in os.environ:  # yours wins
+                kwargs["_system_config"] = {"prestart_worker_first_driver": False}
             address = "local"
         else:
             check_reachable(address)  # RAY_ADDRESS: fail in seconds, not minutes

@@ -101,7 +101,11 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
 
     marks["attach"] = time.time()
     workers = worker_range(cfg.workers)
-    with attach_ray(cfg.address, cfg.verbose,
+    # A Ray started here prestarts idle Python workers for this driver, and Ray Train can
+    # use none of them: its controller, helper actors and workers each carry a runtime_env
+    # (environment variables), so each gets a process of its own. On a small machine the
+    # idle ones only take CPU from Train's start (benchmarks/startup.py).
+    with attach_ray(cfg.address, cfg.verbose, idle_workers=False,
                     local_cpus=(workers[1] if workers else 0) * (cfg.cpus_per_worker or 1)) as cluster:
         marks["ray"] = time.time()
         cfg, placement = place_workers(cfg, cluster, data_shape, given_batch, echo)
