@@ -1,0 +1,92 @@
+"""What an idle Ray costs: the CPU each thread of a bare local Ray's processes uses over
+20 s while three idle actors wait, largest first, and the total.
+
+Runs on the machine it measures. Ray reads its settings from the environment, so a
+setting that might cut Ray's wake-ups is tried by setting it for the command:
+
+    python benchmarks/ray_idle_cpu.py
+    RAY_enable_metrics_collection=0 python benchmarks/ray_idle_cpu.py
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+WINDOW_S = 20
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def thread_ticks(pid: int) -> dict[tuple[str, str], int]:
+    """CPU ticks (user + system) of each thread of ``pid``, keyed by (tid, thread name)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                out[(tid, f.read().strip())] = int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return out
+
+
+def descendants() -> dict[int, str]:
+    """This process's descendants (the Ray it started: its daemons, and the workers and
+    actors its raylet started), as pid -> the start of the command line."""
+    parent_of = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent_of[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                pass
+    found, frontier = {}, {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parent_of.items() if parent in frontier}
+        for pid in frontier:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:60]
+            except OSError:
+                pass
+    return found
+
+
+def main() -> None:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             _system_config={"prestart_worker_first_driver": False})
+
+    @ray.remote(num_cpus=0)
+    class Idle:
+        def ready(self) -> bool:
+            return True
+
+    actors = [Idle.remote() for _ in range(3)]
+    ray.get([a.ready.remote() for a in actors])
+    time.sleep(5)  # past the start
+    procs = descendants()
+    before = {pid: thread_ticks(pid) for pid in procs}
+    time.sleep(WINDOW_S)
+    rows, total = [], 0
+    for pid, name in procs.items():
+        try:
+            after = thread_ticks(pid)
+        except OSError:
+            continue
+        for key, ticks in after.items():
+            used = ticks - before[pid].get(key, 0)
+            total += used
+            if used:
+                rows.append((used, name, key[1]))
+    ray.shutdown()
+    for used, name, thread in sorted(rows, reverse=True)[:15]:
+        print(f"{used * TICK_S:5.2f} s  {name:60s} {thread}")
+    print(f"total {total * TICK_S:.2f} CPU-s in {WINDOW_S} s across {len(procs)} processes")
+
+
+if __name__ == "__main__":
+    main()
