@@ -33,11 +33,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HELPERS = os.path.join(ROOT, "tests", "helpers")
 GCS_PORT, DASHBOARD_PORT = 46379, 48265
 STEPS = 40  # per epoch of the elastic story
-# slow_toy's sleep per micro-batch on the cluster's nodes: run B's last 80 steps then take
-# 20 s, time enough for the drain call, Ray's notice and the loop's check on a busy
-# 2-core machine (at 0.1 s a step, 8 s were sometimes too few: the preemption checkpoint
-# then came at the run's last step). Sleeping costs no CPU.
-STEP_S = 0.25
+# slow_toy's sleep per micro-batch on the cluster's nodes. The drain comes early in run B's
+# third epoch, and its checkpoint must come before that epoch ends (an epoch-end
+# checkpoint would come anyway): at 0.5 s a step an epoch takes 20 s, more than the 15 s
+# the test allows from the drain to the checkpoint, so a slow notice fails that bound, not
+# this one by chance. On a busy 2-core machine the notice took up to 10 s (at 0.25 s a
+# step it once fell on the epoch's last step). Sleeping costs no CPU.
+STEP_S = 0.5
 ELASTIC = ["--model", "user_models:slow_toy", "--workers", "1-2", "--steps-per-epoch", str(STEPS),
            "--batch-size", "16", "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0"]
 
