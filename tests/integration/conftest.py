@@ -30,7 +30,7 @@ def multinode(tmp_path_factory, ray_local):
 
 @pytest.fixture(scope="session", autouse=True)
 def _start_the_multinode_story_early(request):
-    """The elastic story takes about 3 minutes, most of them waiting on Ray: when
+    """The elastic story takes about 4.5 minutes, most of them waiting on Ray: when
     test_multinode.py is among the tests, it starts with the first integration test and
     runs beside the others (they share the CPUs, not a Ray)."""
     if any(item.module.__name__.endswith("test_multinode") for item in request.session.items):
