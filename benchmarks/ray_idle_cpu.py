@@ -18,9 +18,14 @@ TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def thread_ticks(pid: int) -> dict[tuple[str, str], int]:
-    """CPU ticks (user + system) of each thread of ``pid``, keyed by (tid, thread name)."""
+    """CPU ticks (user + system) of each thread of ``pid``, keyed by (tid, thread name);
+    none for a process that has exited."""
     out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -73,11 +78,7 @@ def main() -> None:
     time.sleep(WINDOW_S)
     rows, total = [], 0
     for pid, name in procs.items():
-        try:
-            after = thread_ticks(pid)
-        except OSError:
-            continue
-        for key, ticks in after.items():
+        for key, ticks in thread_ticks(pid).items():
             used = ticks - before[pid].get(key, 0)
             total += used
             if used:
