@@ -6,8 +6,10 @@ placement group, so the job starts whole or not at all) and runs the user's code
 them. Each process finds in its environment what ``dist.init_process_group()`` (env://)
 needs: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and a free
 MASTER_PORT on rank 0's node, where rank 0's actor hosts the rendezvous store for the
-group's whole life (as torchrun's agent does). ``ray_ddp.device()`` gives a process its device (Ray sets
-CUDA_VISIBLE_DEVICES per process, so it is ``cuda:0``, never ``cuda:<rank>``).
+group's whole life (as torchrun's agent does). As Ray Train does, a node's processes all
+see the node's GPUs of all of them (CUDA_VISIBLE_DEVICES), local rank k owning the k-th
+(so torchrun's ``torch.cuda.set_device(LOCAL_RANK)`` works unchanged), and
+``ray_ddp.device()`` gives a process its own GPU, or the CPU to a process given none.
 The code in the actors (``_Process``) is the only part that runs on the workers.
 """
 
@@ -20,12 +22,13 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from .config import ConfigError
 from .devices import PlacementConfig
+from .worker_env import PROCESS_DEVICES_ENV, plan_node_env
 
 
 DEFAULT_WAIT_S = 900.0  # as `ray-ddp train --wait-for-resources`
@@ -42,24 +45,39 @@ class ProcessFailed(RuntimeError):
 
 def device(index: int = 0) -> torch.device:
     """This process's device: its (first, or ``index``-th) GPU, else the CPU."""
-    return devices()[index] if torch.cuda.is_available() else torch.device("cpu")
+    own = devices()
+    return own[index] if own[0].type == "cuda" else own[0]
 
 
 def devices() -> list[torch.device]:
     """All GPUs Ray gave this process (two for gpus_per_process=2), or [cpu]."""
-    if not torch.cuda.is_available():
+    return select_devices(os.environ, torch.cuda.is_available())
+
+
+def select_devices(env: Mapping[str, str], cuda_available: bool) -> list[torch.device]:
+    """The devices a process with environment ``env`` owns: the GPUs its launcher named in
+    PROCESS_DEVICES_ENV (indices into CUDA_VISIBLE_DEVICES), or [cpu] if it named none or
+    there is no CUDA. Outside spawn/launch (no such variable), every visible GPU."""
+    if not cuda_available:
         return [torch.device("cpu")]
-    return [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    if PROCESS_DEVICES_ENV not in env:
+        return [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    own = [torch.device(f"cuda:{i}") for i in env[PROCESS_DEVICES_ENV].split(",") if i]
+    return own or [torch.device("cpu")]
 
 
 class _Process:
     """One rank: an actor that sets the env:// variables, then runs the user's code. It is
     threaded (two calls at once), so the driver can fetch a script's output while it runs."""
 
-    def where(self) -> tuple[str, str]:
+    def where(self) -> tuple[str, str, list[str]]:
+        """This actor's node id, node address and the GPU ids Ray gave it. Nothing here
+        may touch CUDA: set_env widens CUDA_VISIBLE_DEVICES later, and CUDA reads it once."""
         import ray
 
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        context = ray.get_runtime_context()
+        gpus = [str(gpu) for gpu in context.get_accelerator_ids().get("GPU", [])]
+        return context.get_node_id(), ray.util.get_node_ip_address(), gpus
 
     def host_store(self, address: str, world_size: int) -> int:
         """Host the rendezvous TCPStore for the whole group's life, as torchrun's agent
@@ -80,6 +98,8 @@ class _Process:
         return port
 
     def set_env(self, env: dict[str, str]) -> None:
+        """Before the user's code runs: a function runs in this process, a script is a child
+        that inherits it (Ray resets visible devices only for tasks, not actor calls)."""
         os.environ.update(env)
 
     def call(self, fn: Callable[..., Any], rank: int, args: tuple) -> Any:
@@ -162,19 +182,14 @@ def _start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -
     where = ray.get([a.where.remote() for a in actors])
     master_addr = where[0][1]
     master_port = ray.get(actors[0].host_store.remote(master_addr, placement.workers))
-    per_node: dict[str, list[int]] = {}
-    for rank, (node, _) in enumerate(where):
-        per_node.setdefault(node, []).append(rank)
+    envs = plan_node_env([(node, gpus) for node, _, gpus in where])
     ray.get([
         a.set_env.remote({
-            "RANK": str(rank), "WORLD_SIZE": str(placement.workers),
-            "LOCAL_RANK": str(per_node[where[rank][0]].index(rank)),
-            "LOCAL_WORLD_SIZE": str(len(per_node[where[rank][0]])),
-            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+            **env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
             # every rank, rank 0 too, is a client of the store the rank-0 actor hosts
             "TORCHELASTIC_USE_AGENT_STORE": "True",
         })
-        for rank, a in enumerate(actors)
+        for a, env in zip(actors, envs)
     ])
     return _Group(actors, pg)
 

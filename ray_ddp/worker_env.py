@@ -1,13 +1,14 @@
 """The environment Ray gives the training workers: the one place that names it. Runs on
 the driver (the runtime_env goes to Ray with the trainer): the user's modules on the
-path and glibc's malloc for FSDP on CPU; and how often Ray Train's controller polls.
+path and glibc's malloc for FSDP on CPU; how often Ray Train's controller polls; and
+what each process of ``ray_ddp.spawn`` / ``ray-ddp launch`` finds (``plan_node_env``).
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .config import TrainConfig
 
@@ -22,16 +23,25 @@ from .config import TrainConfig
 FSDP_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 
-def worker_runtime_env(cfg: TrainConfig) -> dict[str, Any]:
+def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[str, Any]:
     """The one place that sets workers' environment: a user model, dataset, loss or
-    collate function (``package.module:callable``) must import on the workers as it did
-    here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV)."""
+    collate function (``package.module:callable``, or an object the Python API passed,
+    which cloudpickle ships by reference to its module) must import on the workers as it
+    did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV)."""
     specs = [spec for spec in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)
              if spec and ":" in spec and not spec.startswith("python:")]
-    env = importable_env(*(spec.split(":")[0] for spec in specs)) if specs else {}
+    modules = [spec.split(":")[0] for spec in specs] + [_module_of(obj) for obj in objects]
+    modules = [m for m in modules if m]
+    env = importable_env(*modules) if modules else {}
     if cfg.strategy == "fsdp" and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         env = {**env, "env_vars": {**env.get("env_vars", {}), **FSDP_MALLOC_ENV}}
     return env
+
+
+def _module_of(obj: Any) -> str:
+    """The module an object (or, for an instance, its class) was defined in."""
+    module = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
+    return module if module and module != "builtins" else ""
 
 
 # Ray Train's controller polls the workers (their status, their reports) every 2 s by
@@ -78,3 +88,42 @@ def importable_env(*module_names: str) -> dict[str, Any]:
         return {}
     paths = roots + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
+
+
+# The indices, within CUDA_VISIBLE_DEVICES, of the GPUs a spawned process owns ("0", "2,3"),
+# or "" for a process given none. ray_ddp.device() reads it: a process must not guess its
+# GPU from torch.cuda.is_available(), which is true for a CPU process on a GPU node (Ray
+# leaves a process without GPUs every GPU of its node).
+PROCESS_DEVICES_ENV = "RAY_DDP_DEVICES"
+
+
+def plan_node_env(processes: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, str]]:
+    """The environment of each process, by rank, from ``(node_id, gpu_ids)`` per rank (the
+    ids Ray gave it). As Ray Train does, every process on a node sees the GPUs of all of
+    them, so unmodified torchrun code (``torch.cuda.set_device(LOCAL_RANK)``) works: a
+    node's processes are ordered by their GPUs, and local rank k of ``g`` GPUs each owns
+    visible devices k*g .. k*g+g-1. A group without GPUs keeps the visible devices Ray
+    gave it and owns none."""
+    by_node: dict[str, list[int]] = {}
+    for rank, (node, _) in enumerate(processes):
+        by_node.setdefault(node, []).append(rank)
+    envs: list[dict[str, str]] = [{} for _ in processes]
+    for ranks in by_node.values():
+        ranks.sort(key=lambda r: (min(map(_gpu_order, processes[r][1]), default=()), r))
+        # each process's ids in a row, in local-rank order: for the contiguous ids Ray
+        # hands out this is the node's sorted union, and ownership holds whatever the ids
+        visible = list(dict.fromkeys(gpu for r in ranks
+                                     for gpu in sorted(processes[r][1], key=_gpu_order)))
+        for local_rank, rank in enumerate(ranks):
+            own = sorted(visible.index(gpu) for gpu in processes[rank][1])
+            envs[rank] = {"RANK": str(rank), "WORLD_SIZE": str(len(processes)),
+                          "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(len(ranks)),
+                          PROCESS_DEVICES_ENV: ",".join(map(str, own))}
+            if visible:
+                envs[rank]["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+    return envs
+
+
+def _gpu_order(gpu_id: str) -> tuple:
+    """Numeric ids in numeric order ("2" before "10"), then any others (UUIDs) by name."""
+    return (0, int(gpu_id), "") if gpu_id.isdigit() else (1, 0, gpu_id)

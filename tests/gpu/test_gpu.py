@@ -1,4 +1,5 @@
-"""GPU-only paths: NCCL, one GPU per worker, toy-mp over a GPU pair, GPU -> CPU checkpoints."""
+"""GPU-only paths: NCCL, one GPU per worker, toy-mp over a GPU pair, GPU -> CPU checkpoints,
+and the devices ``ray_ddp.spawn`` / ``ray-ddp launch`` give their processes."""
 
 import os
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import ray_ddp
 from ray_ddp import TrainConfig, run
 from ray_ddp.checkpoint import MODEL_FILE, weights_hash
 from ray_ddp.devices import wrap_ddp
@@ -146,3 +148,58 @@ def test_fsdp_bf16_gpt_on_one_gpu_resumes_and_exports(ray_gpu, tmp_path):
     exported = export_model("fsdp", str(tmp_path), step=10, out=str(tmp_path / "ten.pt"))
     assert exported.sharded and all(t.device.type == "cpu" for t in
                                     torch.load(tmp_path / "ten.pt", weights_only=True).values())
+
+
+def own_device(rank):
+    """What a spawned process sees and picks (nothing touched CUDA before this call)."""
+    return (os.environ["LOCAL_RANK"], os.environ.get("CUDA_VISIBLE_DEVICES"), str(ray_ddp.device()),
+            torch.cuda.is_available(), torch.cuda.device_count())
+
+
+def test_spawned_gpu_processes_see_the_nodes_gpus_and_pick_cuda_local_rank(ray_gpu):
+    n = min(GPUS, 2)
+    seen = ray_ddp.spawn(own_device, nprocs=n, gpus_per_process=1)
+    assert sorted(local for local, *_ in seen) == [str(k) for k in range(n)]
+    for local, visible, dev, _, count in seen:
+        assert dev == f"cuda:{local}" and count == n and len(visible.split(",")) == n
+
+
+def test_a_spawned_cpu_process_on_a_gpu_node_is_on_the_cpu(ray_gpu):
+    # Ray leaves a process without GPUs every GPU of the node: CUDA is there, but not its own
+    [(_, _, dev, _, _)] = ray_ddp.spawn(own_device, nprocs=1, gpus_per_process=0)
+    assert dev == "cpu"
+
+
+TORCHRUN_SET_DEVICE = """
+import os
+import torch
+import torch.distributed as dist
+import ray_ddp
+
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)  # the standard torchrun line, unchanged
+dist.init_process_group("nccl")
+assert ray_ddp.device() == torch.device("cuda", local_rank), (ray_ddp.device(), local_rank)
+total = torch.ones(1, device="cuda") * (dist.get_rank() + 1)
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} local {local_rank} of {os.environ['CUDA_VISIBLE_DEVICES']} "
+      f"sum {total.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_launch_runs_torchrun_code_that_sets_cuda_local_rank(ray_gpu, tmp_path, capsys):
+    from ray_ddp.spawn import launch
+
+    if GPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    script = tmp_path / "set_device.py"
+    script.write_text(TORCHRUN_SET_DEVICE)
+    code = launch([str(script)], nprocs=2, gpus_per_process=1)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    # "[rankR]: rank R local L of V sum S", one line per rank: each set its own GPU of both
+    said = sorted(line.split()[2:] for line in out.splitlines() if " sum " in line)
+    assert [(rank, visible.count(",") + 1, total) for rank, _, _, _, visible, _, total in said] \
+        == [("0", 2, "3"), ("1", 2, "3")]
+    assert sorted(local for _, _, local, *_ in said) == ["0", "1"]
