@@ -5,6 +5,8 @@ group. A DDP checkpoint already holds ``model.pt``: it is checked and copied. A 
 (FSDP) checkpoint holds each rank's shards: they are read back into whole tensors. Either
 way the file loads with ``torch.load(path, weights_only=True)`` into the bare model,
 without ray_ddp. The file appears whole or not at all (written beside, then renamed).
+A checkpoint that would need unpickling to read (pickled objects in model.pt, a
+``.metadata`` naming classes DCP's metadata is not made of) is refused in one line.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Iterator, Optional
 import pyarrow.fs as pafs
 import torch
 
-from .checkpoint import META_FILE, MODEL_FILE, checkpoint_file_problem, load_tensors, checkpoint_dir_name, \
-    find_latest_checkpoint
+from .checkpoint import META_FILE, MODEL_FILE, CheckpointError, checkpoint_file_problem, load_tensors, \
+    checkpoint_dir_name, find_latest_checkpoint
 from .config import ConfigError
 from .sharded import DCP_METADATA, read_model_state
 from .storage import read_json, resolve_storage
@@ -75,7 +77,10 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
         raise ConfigError(f"checkpoint {dir_name} of run {run} holds no model (neither {MODEL_FILE} "
                           "nor shards)")
     with local_copy(store, f"{run_path}/{dir_name}", [MODEL_FILE] if not sharded else list(files)) as folder:
-        state = read_model_state(folder) if sharded else load_tensors(os.path.join(folder, MODEL_FILE))
+        try:
+            state = read_model_state(folder) if sharded else load_tensors(os.path.join(folder, MODEL_FILE))
+        except CheckpointError as err:  # the user's to act on: the CLI's one line and exit 2
+            raise ConfigError(f"checkpoint {dir_name} of run {run}: {err}") from None
     partial = f"{target}.partial-{os.getpid()}"
     try:
         torch.save(state, partial)

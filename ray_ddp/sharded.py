@@ -5,7 +5,9 @@ holding
 - ``.metadata`` and ``__<rank>_0.distcp``: the model and optimizer state as
   ``torch.distributed.checkpoint`` (DCP) writes it, each rank its own shards; DCP
   reshards on load, so a checkpoint of 2 ranks resumes on 1 or on 3;
-- ``train_state.pt``: epoch, step, every rank's RNG, LR schedule, config (rank 0);
+- ``train_state.pt``: epoch, step, every rank's RNG, LR schedule, config, and every
+  entry of the model's and optimizer's state that is not a tensor (the optimizer's
+  ``param_groups``), written by rank 0: DCP would pickle them, and unpickling runs code;
 - ``model.pt`` in the last checkpoint of a run: the whole model gathered into a plain
   ``state_dict`` (unless ``--skip-final-model``); ``ray-ddp export`` makes one from any;
 - ``meta.json``: as for DDP, the size and CRC-32 of every file above, written last.
@@ -19,28 +21,39 @@ writes train_state.pt and meta.json. Every rank reports the same folder to Ray, 
 counts it as one checkpoint once every rank's upload returned.
 
 Loading runs on workers (``load_sharded_checkpoint``) and, with no process group at all,
-on the driver (``read_model_state``, for ``ray-ddp export``).
+on the driver (``read_model_state``, for ``ray-ddp export``). Nothing a checkpoint holds
+is unpickled freely: DCP's ``.metadata`` (a pickle) is read by an unpickler that admits
+only DCP's metadata classes and plain containers, every other file with
+``weights_only=True``; anything else is refused with a CheckpointError of one line.
+Checkpoints of the earlier format (``param_groups`` inside the shards) still load, as
+long as their entries load ``weights_only``.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import io
 import os
+import pickle
+import re
 import shutil
 import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import MODEL_FILE, STATE_FILE, TrainState, file_fingerprint, load_tensors, save_counted, \
-    to_cpu, write_meta
+from .checkpoint import MODEL_FILE, STATE_FILE, CheckpointError, TrainState, file_fingerprint, load_tensors, \
+    save_counted, to_cpu, write_meta
 
 DCP_METADATA = ".metadata"
+NON_TENSORS = "non_tensor_state"  # train_state.pt's key for what DCP does not write
 
 
 def is_sharded_checkpoint(directory: str) -> bool:
@@ -88,8 +101,9 @@ class ShardedCheckpointWriter:
         self._idle.clear()
         folder = self.path_for(dir_name) if self.local else tempfile.mkdtemp(prefix="ray_ddp_shards_")
         model_state, optim_state = get_state_dict(model, optimizer)
-        future = dcp.async_save({"model": model_state, "optim": optim_state},
-                                storage_writer=dcp.FileSystemWriter(folder), process_group=self.group)
+        tensors, rest = split_tensors({"model": model_state, "optim": optim_state})
+        future = dcp.async_save(tensors, storage_writer=dcp.FileSystemWriter(folder),
+                                process_group=self.group)
         snapshot = ShardedSnapshot(future=future, folder=folder)
         if with_model:
             full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
@@ -99,6 +113,7 @@ class ShardedCheckpointWriter:
             snapshot.train_state = {
                 "epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
                 "rng": state.rng, "config": config, "saved_by_rank": 0, "format": "sharded",
+                NON_TENSORS: to_cpu(rest),  # a copy: training goes on changing param_groups
                 **{name: to_cpu(obj.state_dict()) for name, obj in stateful.items()},
             }
             snapshot.meta = {"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
@@ -140,14 +155,19 @@ def load_sharded_checkpoint(directory: str, model: nn.Module, optimizer: torch.o
                             stateful: Optional[dict[str, Any]] = None) -> TrainState:
     """Load a sharded checkpoint into the sharded model and its optimizer (every rank
     reads the parts of the shards it now holds, whatever the world size that wrote them)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    loaded = {"model": model_state, "optim": optim_state}
-    dcp.load(loaded, storage_reader=dcp.FileSystemReader(directory))
-    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     saved = load_tensors(os.path.join(directory, STATE_FILE))
+    full = {"model": model_state, "optim": optim_state}
+    if NON_TENSORS in saved:
+        tensors, _ = split_tensors(full)  # DCP loads into these tensors in place
+        load_shards(directory, tensors)
+        loaded = merge_into(tensors, saved[NON_TENSORS])
+    else:  # the earlier format: the non-tensor entries are in the shards, read weights_only
+        load_shards(directory, full)
+        loaded = full
+    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     for name, obj in (stateful or {}).items():
         if name in saved:
             obj.load_state_dict(saved[name])
@@ -158,16 +178,170 @@ def load_sharded_checkpoint(directory: str, model: nn.Module, optimizer: torch.o
 def read_model_state(directory: str) -> dict[str, torch.Tensor]:
     """The whole model of a sharded checkpoint as a plain state_dict of CPU tensors, read
     in this one process (no process group): what ``ray-ddp export`` writes."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(directory)
-    metadata = reader.read_metadata()
+    reader_class, _ = _weights_only_dcp()
+    reader = reader_class(directory)
     state: dict[str, torch.Tensor] = {}
-    for key, item in metadata.state_dict_metadata.items():
+    for key, item in reader.read_metadata().state_dict_metadata.items():
         if key.startswith("model.") and isinstance(item, TensorStorageMetadata):
             state[key[len("model."):]] = torch.empty(item.size, dtype=item.properties.dtype)
     with warnings.catch_warnings():  # "no process group: loading in a single process" is the point
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+        load_shards(directory, {"model": state}, reader=reader, no_dist=True)
     return state
+
+
+def split_tensors(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two nested dicts of ``state``'s shape: its tensors (what DCP writes), and all else
+    (lists such as ``param_groups`` whole), which train_state.pt holds."""
+    tensors: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            tensors[key], rest[key] = split_tensors(value)
+        elif isinstance(value, torch.Tensor):
+            tensors[key] = value
+        else:
+            rest[key] = value
+    return tensors, rest
+
+
+def merge_into(tensors: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
+    """Undo ``split_tensors``: ``rest``'s entries put back into ``tensors`` (in place)."""
+    for key, value in rest.items():
+        if isinstance(value, dict) and isinstance(tensors.get(key), dict):
+            merge_into(tensors[key], value)
+        else:
+            tensors[key] = value
+    return tensors
+
+
+def load_shards(directory: str, state: dict[str, Any], reader: Any = None, no_dist: bool = False) -> None:
+    """``dcp.load`` of ``state``, but never unpickling code: ``.metadata`` is read (and
+    refused) before DCP starts, so a refusal is this one CheckpointError on every rank,
+    not a per-rank traceback DCP gathers."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    reader_class, planner_class = _weights_only_dcp()
+    reader = reader or reader_class(directory)
+    reader.read_metadata()
+    try:
+        dcp.load(state, storage_reader=reader, planner=planner_class(directory), no_dist=no_dist)
+    except CheckpointException as err:  # a refused entry, wrapped by DCP per rank
+        refused = [e for e, _ in err.failures.values() if isinstance(e, CheckpointError)]
+        if refused:
+            raise refused[0] from None
+        raise
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata``, admitting only the classes DCP builds it of: those
+    of ``torch.distributed.checkpoint.metadata``, the file reader's ``_StorageInfo``,
+    torch's Size, dtypes and layouts, the checkpoint's path, and plain containers. Any
+    other class (os.system, builtins.open, ...) is refused before it is looked up."""
+
+    ADMITTED = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"), ("builtins", "set"),
+                ("builtins", "frozenset"), ("builtins", "bytearray"), ("builtins", "complex")}
+
+    def __init__(self, file, path: str):
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if self._admits(module, name):
+            return super().find_class(module, name)
+        refuse(self.path, f"{module}.{name}", "checkpoint metadata")
+
+    def _admits(self, module: str, name: str) -> bool:
+        if (module, name) in self.ADMITTED:
+            return True
+        if module == "torch":
+            return isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format))
+        if module == "torch.distributed.checkpoint.metadata":
+            obj = getattr(importlib.import_module(module), name, None)
+            return isinstance(obj, type) and obj.__module__ == module
+        return False
+
+
+def read_dcp_metadata(path: str) -> Any:
+    """A ``.metadata`` file's Metadata, read by MetadataUnpickler."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        with open(path, "rb") as f:
+            metadata = MetadataUnpickler(f, path).load()
+    except CheckpointError:
+        raise
+    except Exception as err:  # truncated or not a pickle at all
+        raise CheckpointError(f"cannot load {path}: {type(err).__name__}: {err}") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"refusing to load {path}: it holds a {type(metadata).__name__}, "
+                              "not DCP's Metadata")
+    return metadata
+
+
+def load_weights_only(value: io.BytesIO, what: str) -> Any:
+    """An entry DCP pickled (``torch.save``), loaded ``weights_only``, or refused."""
+    try:
+        return torch.load(value, map_location="cpu", weights_only=True)
+    except Exception as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        refuse(what, found.group(1) if found else "a class weights_only refuses", "a tensor or a plain value")
+
+
+def refuse(what: str, name: str, admitted: str) -> NoReturn:
+    """The one line a refused file gets: which file, which class, what to do."""
+    raise CheckpointError(
+        f"refusing to load {what}: it names {name}, which is not {admitted} (unpickling it could "
+        "run code; nothing was loaded); restore this checkpoint from a copy you trust, or delete its folder"
+    ) from None
+
+
+@functools.cache
+def _weights_only_dcp() -> tuple[type, type]:
+    """DCP's file reader and load planner, less the unpickling: the reader reads
+    ``.metadata`` with MetadataUnpickler (once: ``load_shards`` reads it before DCP
+    does), the planner loads non-tensor entries with ``weights_only=True`` (DCP's own
+    uses ``weights_only=False``). Built on first use: importing DCP takes the CLI most
+    of a second."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(dcp.FileSystemReader):
+        def __init__(self, path: str):
+            super().__init__(path)
+            self.metadata_by_rank: dict[Optional[int], Any] = {}  # None: .metadata
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")  # DCP asks for rank-local metadata if .metadata fails
+            if rank not in self.metadata_by_rank:
+                name = DCP_METADATA if rank is None else f"__{rank}{DCP_METADATA}"
+                metadata = read_dcp_metadata(os.path.join(self.path, name))
+                metadata.storage_meta = metadata.storage_meta or StorageMeta()
+                metadata.storage_meta.load_id = self.load_id
+                self.metadata_by_rank[rank] = metadata
+            return self.metadata_by_rank[rank]
+
+        def reset(self, checkpoint_id: Any = None) -> None:
+            super().reset(checkpoint_id)
+            self.metadata_by_rank = {}
+
+    class Planner(dcp.DefaultLoadPlanner):
+        def __init__(self, directory: str):
+            super().__init__()
+            self.directory = directory
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
+            obj = load_weights_only(value, f"entry {fqn} of the shards in {self.directory}")
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return Reader, Planner

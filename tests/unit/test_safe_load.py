@@ -1,0 +1,131 @@
+"""No checkpoint file is unpickled freely: a sharded checkpoint's ``.metadata`` (DCP's
+pickle) whose loading would run code is refused, by ``ray-ddp export`` and on resume, and
+the non-tensor state loads ``weights_only`` in the new format and the earlier one (no Ray:
+a gloo process group of one rank)."""
+
+import json
+import pickle
+import sys
+
+import pytest
+import torch
+import pyarrow.fs as pafs
+
+from ray_ddp.checkpoint import META_FILE, STATE_FILE, CheckpointError, TrainState, file_fingerprint
+from ray_ddp.cli import main
+from ray_ddp.sharded import DCP_METADATA, ShardedCheckpointWriter, load_sharded_checkpoint, \
+    read_dcp_metadata
+
+from .test_fsdp import sharded_gpt
+
+
+class CreatesFile:
+    """Unpickled, it opens ``path`` for writing: code run by whoever loads the pickle."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def trained(seed=0):
+    model, optimizer = sharded_gpt(seed)
+    optimizer.zero_grad()
+    model(torch.randint(0, 16, (4, 4))).float().pow(2).mean().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def write_sharded(run_dir, model, optimizer):
+    """A checkpoint as training writes it (shards only, no model.pt); its folder."""
+    writer = ShardedCheckpointWriter(pafs.LocalFileSystem(), lambda name: str(run_dir / name), rank=0)
+    state = TrainState(epoch=1, step=1, rng=[{"torch": torch.get_rng_state()}])
+    snapshot = writer.snapshot(model, optimizer, state, {"model": "gpt"}, {}, "step-00000001",
+                               with_model=False)
+    writer.write(snapshot, "step-00000001")
+    return run_dir / "step-00000001"
+
+
+def plant_code_in_metadata(folder, target):
+    """Rewrite .metadata so that unpickling it creates ``target``, and meta.json to match:
+    whoever can write the storage can do both."""
+    metadata = read_dcp_metadata(str(folder / DCP_METADATA))
+    metadata.planner_data = CreatesFile(str(target))
+    (folder / DCP_METADATA).write_bytes(pickle.dumps(metadata))
+    meta = json.loads((folder / META_FILE).read_text())
+    meta["files"][DCP_METADATA] = file_fingerprint(str(folder / DCP_METADATA))
+    (folder / META_FILE).write_text(json.dumps(meta))
+
+
+def test_export_refuses_a_metadata_whose_unpickling_runs_code(one_rank_group, tmp_path, capsys,
+                                                              monkeypatch):
+    folder = write_sharded(tmp_path / "runs" / "gpt", *trained())
+    target = tmp_path / "pwned"
+    plant_code_in_metadata(folder, target)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        sys.exit(main(["export", "gpt", "--storage", str(tmp_path / "runs")]))
+    assert not target.exists(), "the planted code ran"
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("ray-ddp export: error: checkpoint step-00000001 of run gpt: refusing to load ")
+    assert f"{DCP_METADATA}: it names " in err and "open, which is not checkpoint metadata" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing exported"
+
+
+def test_resume_refuses_the_same_metadata(one_rank_group, tmp_path):
+    folder = write_sharded(tmp_path / "gpt", *trained())
+    target = tmp_path / "pwned"
+    plant_code_in_metadata(folder, target)
+    with pytest.raises(CheckpointError, match=r"refusing to load .*\.metadata: it names .*open, which "
+                                              r"is not checkpoint metadata"):
+        load_sharded_checkpoint(str(folder), *sharded_gpt(seed=1))
+    assert not target.exists(), "the planted code ran"
+
+
+def test_shards_hold_only_tensors_and_train_state_the_rest(one_rank_group, tmp_path):
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    model, optimizer = trained()
+    for group in optimizer.param_groups:
+        group["lr"] = 0.02  # as a schedule leaves it: it must come back from the checkpoint
+    folder = write_sharded(tmp_path / "gpt", model, optimizer)
+    entries = read_dcp_metadata(str(folder / DCP_METADATA)).state_dict_metadata
+    assert all(isinstance(item, TensorStorageMetadata) for item in entries.values())
+    fresh, fresh_optimizer = sharded_gpt(seed=1)
+    assert load_sharded_checkpoint(str(folder), fresh, fresh_optimizer).step == 1
+    assert fresh_optimizer.param_groups[0]["lr"] == 0.02
+    assert fresh_optimizer.state_dict()["state"][0]["step"] == 1
+
+
+def write_earlier_format(folder, model, optimizer, lr=None):
+    """What the writer wrote before: the optimizer's param_groups among DCP's entries."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    if lr is not None:
+        optim_state["param_groups"][0]["lr"] = lr
+    dcp.save({"model": model_state, "optim": optim_state},
+             storage_writer=dcp.FileSystemWriter(str(folder)))
+    torch.save({"epoch": 1, "step": 1, "epoch_step": 0, "rng": [{"torch": torch.get_rng_state()}],
+                "config": {}, "saved_by_rank": 0, "format": "sharded"}, folder / STATE_FILE)
+
+
+def test_a_checkpoint_of_the_earlier_format_still_resumes(one_rank_group, tmp_path):
+    model, optimizer = trained()
+    write_earlier_format(tmp_path, model, optimizer, lr=0.03)
+    fresh, fresh_optimizer = sharded_gpt(seed=1)
+    assert load_sharded_checkpoint(str(tmp_path), fresh, fresh_optimizer).step == 1
+    assert fresh_optimizer.param_groups[0]["lr"] == 0.03
+
+
+def test_an_earlier_format_entry_that_needs_unpickling_is_refused(one_rank_group, tmp_path):
+    target = tmp_path / "pwned"
+    write_earlier_format(tmp_path / "ckpt", *trained(), lr=CreatesFile(str(target)))
+    refused = r"refusing to load entry optim\.param_groups\.0\.lr of the shards in .*ckpt: it names .*open, "
+    with pytest.raises(CheckpointError, match=refused + "which is not a tensor"):
+        load_sharded_checkpoint(str(tmp_path / "ckpt"), *sharded_gpt(seed=1))
+    assert not target.exists(), "the planted code ran"
