@@ -5,7 +5,10 @@ Runs on the driver (to check a data set before any worker starts: it exists, is 
 has rows, has the columns and they are numbers; one line otherwise) and on each worker:
 either to load the whole table into memory (the map-style path, for data that fits in a
 worker's memory) or, with ``--stream``, to list its row groups and read them one at a
-time. Paths may be local or pyarrow URIs, like ``--storage``.
+time. The check reads the parquet footers, not the data: rows from the metadata, the
+largest label or token id from each row group's statistics (a row group without them is
+read alone, never the whole column), so data larger than memory can be checked. Paths
+may be local or pyarrow URIs, like ``--storage``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ class TableConfig:
     """A checked parquet data set: where, which columns, how many rows, the dims, and the
     task its targets make: float targets regression, one integer target column
     classification (``num_classes``: the largest label + 1), a column of token-id lists
-    a language model's sequences (``input_dim``: the shortest sequence)."""
+    a language model's sequences (``input_dim``: the shortest sequence; ``num_classes``:
+    the largest token id + 1). Where row groups without statistics were not read (the
+    count was given), ``num_classes`` is at least the given count, and reading a row
+    group refuses a label or token id outside it."""
 
     path: str
     features: tuple[str, ...]
@@ -82,9 +88,16 @@ def _width(field: pa.Field, path: str) -> int:
 
 
 def inspect_table(path: str, features: Optional[str], target: Optional[str],
-                  task: Optional[str] = None) -> TableConfig:
+                  task: Optional[str] = None, *, stream: bool = False,
+                  num_classes: Optional[int] = None, vocab_size: Optional[int] = None) -> TableConfig:
     """Check a parquet data set on the driver; raise ConfigError with one line if unusable.
-    ``task``: the one asked for, or None to take it from the target columns."""
+    ``task``: the one asked for, or None to take it from the target columns.
+
+    Reads the footers, not the rows: the label or token range comes from the row groups'
+    statistics; a row group without them is read alone, or not at all when the count is
+    known (``num_classes`` for labels, ``vocab_size`` for token ids). ``stream``: a
+    sequence length the schema does not fix is the first row's (the rows are not all in
+    memory to compare; a shorter row is refused when its row group is read)."""
     ds = _dataset(path)
     try:
         schema = ds.schema
@@ -93,30 +106,32 @@ def inspect_table(path: str, features: Optional[str], target: Optional[str],
         raise ConfigError(f"--data {path} is not readable as parquet ({str(err).splitlines()[0]})") from None
     names = schema.names
     if task == "lm":
-        return _inspect_token_table(ds, path, features or "tokens", rows)
+        return _inspect_token_table(ds, path, features or "tokens", rows, stream, vocab_size)
     feats = _pick(names, features, r"f\d+", "features", path)
     targs = _pick(names, target, r"t\d+", "target", path)
     if rows == 0:
         raise ConfigError(f"--data {path} has no rows")
     integer_label = len(targs) == 1 and pa.types.is_integer(schema.field(targs[0]).type)
     task = task or ("classification" if integer_label else "regression")
-    num_classes = None
+    classes = None
     if task == "classification":
         if not integer_label:
             raise ConfigError(f"--task classification needs one integer label column; --data {path} "
                               f"has target {', '.join(targs)} ({schema.field(targs[0]).type}); "
                               "pass --target LABEL_COLUMN")
-        labels = ds.to_table(columns=list(targs)).column(0)
-        low, high = pc.min(labels).as_py(), pc.max(labels).as_py()
-        if low is None or low < 0:
+        low, high, skipped = _find_value_range(ds, targs[0], known=num_classes)
+        if low is not None and low < 0:
             raise ConfigError(f"--data {path}: class labels must be 0 or more, found {low}")
-        num_classes = high + 1
+        if high is None and not skipped:
+            raise ConfigError(f"--data {path}: column '{targs[0]}' holds no labels, only nulls")
+        classes = _count_classes(high, num_classes if skipped else None)
     return TableConfig(path, feats, targs, rows,
                        sum(_width(schema.field(c), path) for c in feats),
-                       sum(_width(schema.field(c), path) for c in targs), task, num_classes)
+                       sum(_width(schema.field(c), path) for c in targs), task, classes)
 
 
-def _inspect_token_table(ds, path: str, column: str, rows: int) -> TableConfig:
+def _inspect_token_table(ds, path: str, column: str, rows: int, stream: bool,
+                         vocab_size: Optional[int]) -> TableConfig:
     """A language model's data: one column of token-id lists; the targets are the inputs
     shifted by one token, so there is no target column."""
     if column not in ds.schema.names:
@@ -129,11 +144,114 @@ def _inspect_token_table(ds, path: str, column: str, rows: int) -> TableConfig:
                           "token-id lists (list<int>)")
     if rows == 0:
         raise ConfigError(f"--data {path} has no rows")
-    tokens = ds.to_table(columns=[column]).column(0)
-    lengths, flat = pc.list_value_length(tokens), pc.list_flatten(tokens)
-    shortest, largest = pc.min(lengths).as_py(), pc.max(flat).as_py()
+    if pa.types.is_fixed_size_list(t):
+        shortest = t.list_size
+    elif stream:
+        shortest = _measure_first_row(ds, column)
+    else:  # the rows are loaded anyway: every row's length, one row group at a time
+        shortest = _measure_shortest_row(ds, column)
+    low, high, skipped = _find_value_range(ds, column, known=vocab_size)
+    if low is not None and low < 0:
+        raise ConfigError(f"--data {path}: token ids must be 0 or more, found {low}")
     return TableConfig(path, (column,), (), rows, int(shortest), 0, "lm",
-                       num_classes=int(largest) + 1 if largest is not None else 0)
+                       num_classes=_count_classes(high, vocab_size if skipped else None))
+
+
+def _walk_row_groups(ds, column: str):
+    """(fragment, row group, the column's chunk metadata) of every non-empty row group,
+    files in path order (as ``list_row_groups``): the footers only."""
+    for fragment in sorted(ds.get_fragments(), key=lambda f: f.path):
+        meta = fragment.metadata
+        # files may order their columns differently
+        leaf = _find_leaf(fragment.physical_schema, column, fragment.path)
+        for group in range(meta.num_row_groups):
+            if meta.row_group(group).num_rows > 0:
+                yield fragment, group, meta.row_group(group).column(leaf)
+
+
+def _read_column(fragment, group: int, column: str) -> pa.ChunkedArray:
+    """One column of one row group: the most a check ever holds in memory."""
+    import pyarrow.parquet as pq
+
+    with fragment.filesystem.open_input_file(fragment.path) as f:
+        # the footer already parsed: a file of many row groups is not parsed once per group
+        return pq.ParquetFile(f, metadata=fragment.metadata).read_row_group(group, columns=[column]).column(0)
+
+
+def _count_leaves(t: pa.DataType) -> int:
+    """Parquet leaf columns an arrow type is stored as (the statistics are per leaf)."""
+    if pa.types.is_struct(t):
+        return sum(_count_leaves(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _count_leaves(t.key_type) + _count_leaves(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _count_leaves(t.value_type)
+    return 1
+
+
+def _find_leaf(schema: pa.Schema, column: str, path: str) -> int:
+    """The parquet leaf of a number column or of a list column's items: leaves are numbered
+    depth first in field order (a dotted path can be ambiguous, the position cannot)."""
+    index = schema.get_field_index(column)
+    if index < 0:
+        raise ConfigError(f"--data: {path} has no column '{column}' (or has it twice); every file "
+                          "of a data set needs it once")
+    return sum(_count_leaves(schema.field(i).type) for i in range(index))
+
+
+def _count_classes(high: Optional[int], known: Optional[int]) -> int:
+    """Classes (or a vocabulary) for values up to ``high`` (None: no values), and at least
+    ``known`` where row groups went unread."""
+    return max(high + 1 if high is not None else 0, known or 0)
+
+
+def _find_value_range(ds, column: str, known: Optional[int]) -> tuple[Optional[int], Optional[int], bool]:
+    """The smallest and largest value of an integer column, or of a list column's items
+    (None, None: no values), from each row group's min/max statistics, and whether a row
+    group went unread. A row group without them is read alone; with ``known`` (the count
+    the values must stay below) it is skipped, and reading it for training checks its
+    values instead."""
+    low = high = None
+    skipped = False
+    for fragment, group, chunk in _walk_row_groups(ds, column):
+        stats = chunk.statistics
+        if stats is not None and stats.has_min_max:
+            lo, hi = stats.min, stats.max
+        elif stats is not None and stats.num_values == 0:
+            continue  # only nulls or empty lists
+        elif known is not None:
+            skipped = True
+            continue
+        else:
+            values = _read_column(fragment, group, column)
+            if not pa.types.is_integer(values.type):
+                values = pc.list_flatten(values)
+            lo, hi = pc.min(values).as_py(), pc.max(values).as_py()
+            if lo is None:
+                continue
+        low = lo if low is None else min(low, lo)
+        high = hi if high is None else max(high, hi)
+    return low, high, skipped
+
+
+def _measure_shortest_row(ds, column: str) -> int:
+    """The shortest sequence of a token-id list column (null rows aside; none: 0)."""
+    lengths = [pc.min(pc.list_value_length(_read_column(fragment, group, column))).as_py()
+               for fragment, group, _ in _walk_row_groups(ds, column)]
+    return min((n for n in lengths if n is not None), default=0)
+
+
+def _measure_first_row(ds, column: str) -> int:
+    """The first row's sequence length (a null row: 0), reading the first pages only."""
+    import pyarrow.parquet as pq
+
+    fragment, group, _ = next(_walk_row_groups(ds, column))
+    with fragment.filesystem.open_input_file(fragment.path) as f:
+        # buffered and not pre-buffered: otherwise the reader fetches the row group's
+        # whole column chunk for one row
+        batch = next(pq.ParquetFile(f, buffer_size=1 << 16, pre_buffer=False).iter_batches(
+            batch_size=1, row_groups=[group], columns=[column]))
+    return pc.list_value_length(batch.column(0))[0].as_py() or 0
 
 
 def _columns_to_tensor(table: pa.Table, cols: tuple[str, ...]) -> torch.Tensor:
@@ -155,20 +273,43 @@ def load_table(table: TableConfig, seq_len: int = 0) -> tuple[torch.Tensor, torc
     language model int64 tokens, each row's first ``seq_len`` as inputs and the same
     shifted by one as targets."""
     data = _dataset(table.path).to_table(columns=list(dict.fromkeys(table.features + table.targets)))
-    return _to_tensors(data, table, seq_len)
+    return _to_tensors(data, table, seq_len, f"--data {table.path}")
 
 
-def _to_tensors(data: pa.Table, table: TableConfig, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _to_tensors(data: pa.Table, table: TableConfig, seq_len: int,
+                where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``where``: the rows' place, for the one line that refuses them."""
     if table.task == "lm":
         tokens = data.column(table.features[0]).combine_chunks()
+        # a list length the schema does not fix was checked on one row only (--stream)
+        if tokens.null_count:
+            raise ConfigError(f"{where}: a sequence is null; --task lm needs token ids in every row")
+        shortest = pc.min(pc.list_value_length(tokens)).as_py()
+        if shortest is not None and shortest < seq_len + 1:
+            raise ConfigError(f"{where}: a sequence has {shortest} tokens; --seq-len {seq_len} "
+                              f"needs {seq_len + 1}; lower --seq-len")
         ids = torch.from_numpy(pc.list_flatten(pc.list_slice(tokens, 0, seq_len + 1)).to_numpy(
             zero_copy_only=False).astype("int64")).reshape(len(data), seq_len + 1)
+        _check_range(ids, table.num_classes, where, "token ids", "--vocab-size")
         return ids[:, :-1], ids[:, 1:]
     x = _columns_to_tensor(data, table.features)
     if table.task == "classification":
-        labels = data.column(table.targets[0]).combine_chunks().to_numpy(zero_copy_only=False)
-        return x, torch.from_numpy(labels.astype("int64"))
+        labels = torch.from_numpy(data.column(table.targets[0]).combine_chunks()
+                                  .to_numpy(zero_copy_only=False).astype("int64"))
+        _check_range(labels, table.num_classes, where, "class labels", "--num-classes")
+        return x, labels
     return x, _columns_to_tensor(data, table.targets)
+
+
+def _check_range(values: torch.Tensor, count: Optional[int], where: str, what: str, flag: str) -> None:
+    """Refuse a value outside 0 .. count-1: row groups without statistics may not have been
+    checked at start-up, and an embedding or a loss given one fails far less clearly."""
+    if count is None or values.numel() == 0:
+        return
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= count:
+        raise ConfigError(f"{where}: {what} must be 0 .. {count - 1}, found {low if low < 0 else high}; "
+                          f"raise {flag} or fix the data")
 
 
 def list_row_groups(table: TableConfig) -> list[tuple[str, int, int]]:
@@ -194,7 +335,7 @@ def row_group_reader(table: TableConfig, seq_len: int = 0):
     def read(path: str, row_group: int) -> tuple[torch.Tensor, torch.Tensor]:
         with fs.open_input_file(path) as f:
             data = pq.ParquetFile(f).read_row_group(row_group, columns=columns)
-        return _to_tensors(data, table, seq_len)
+        return _to_tensors(data, table, seq_len, f"{path} row group {row_group}")
 
     return read
 

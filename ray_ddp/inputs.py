@@ -58,7 +58,11 @@ def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     if cfg.stream:
         from .datasets import inspect_table, list_row_groups, row_group_reader
 
-        table = inspect_table(cfg.data, cfg.features, cfg.target, cfg.task)
+        # the driver fitted the counts to the data: a worker reads footers, never a column
+        # (the model's output size bounds the labels and token ids each row group is checked against)
+        table = inspect_table(cfg.data, cfg.features, cfg.target, cfg.task, stream=True,
+                              num_classes=cfg.num_classes,
+                              vocab_size=cfg.vocab_size if cfg.model == "gpt" else cfg.output_dim)
         source = StreamSource(list_row_groups(table), row_group_reader(table, cfg.seq_len), cfg.seed,
                               rank, world, cfg.steps_per_epoch, cfg.grad_accum)
         return source, _given_val_set(cfg, objects, collate)
