@@ -152,19 +152,19 @@ def rows_fetcher(dataset, collate: Optional[Callable] = None) -> Callable:
             x, y = empty[0]
         else:
             x, y = collate([dataset[i] for i in idx.tolist()])
-        return _as_float32(x), _as_float32(y)
+        return as_float32(x), as_float32(y)
 
     return fetch
 
 
-def _as_float32(batch):
+def as_float32(batch):
     """float64 tensors (numpy's default) as float32, the models' dtype; the rest as it is."""
     if isinstance(batch, torch.Tensor):
         return batch.float() if batch.dtype == torch.float64 else batch
     if isinstance(batch, dict):
-        return {k: _as_float32(v) for k, v in batch.items()}
+        return {k: as_float32(v) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_as_float32(v) for v in batch)
+        return type(batch)(as_float32(v) for v in batch)
     return batch
 
 

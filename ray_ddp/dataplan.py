@@ -8,7 +8,7 @@ the global batch for the world size Ray gave the worker.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .config import ConfigError, TrainConfig
@@ -25,6 +25,8 @@ class DataShapeConfig:
     task: str
     num_classes: Optional[int] = None
     val_rows: int = 0
+    # a batch of the first item (inputs, targets), for the driver's output-shape check
+    example: Any = field(default=None, compare=False, repr=False)
 
 
 def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None) -> Optional[DataShapeConfig]:
@@ -68,7 +70,12 @@ def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
             raise ConfigError(f"--data {path} holds {size} bytes, not one window of --seq-len "
                               f"{cfg.seq_len} + 1; give more text or a shorter --seq-len")
         return DataShapeConfig(rows, cfg.seq_len, 256, "lm", num_classes=256)
-    table = inspect_table(path, cfg.features, cfg.target, task)
+    # the counts the run is given stand in for row groups whose statistics are missing, so
+    # a large data set is never read whole here; the gpt's vocabulary is --vocab-size
+    # whatever the data holds (another model's output size is the data's)
+    table = inspect_table(path, cfg.features, cfg.target, task, stream=cfg.stream,
+                          num_classes=cfg.num_classes,
+                          vocab_size=cfg.vocab_size if cfg.model == "gpt" else None)
     if table.task == "lm":
         if table.input_dim < cfg.seq_len + 1:
             raise ConfigError(f"--data {path}: the shortest sequence has {table.input_dim} tokens; "
@@ -83,11 +90,12 @@ def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
 
 
 def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
-    """A Dataset's first item says the sizes; an integer scalar target makes it classification."""
+    """A Dataset's first item says the sizes; an integer scalar target (a Python int, a
+    0-d tensor or a numpy integer) makes it classification."""
     import torch
 
     x, y = ds[0]
-    y_t = torch.as_tensor(y) if isinstance(y, (int, float, torch.Tensor)) else None
+    y_t = _as_tensor(y)
     integer_label = y_t is not None and y_t.dim() == 0 and not torch.is_floating_point(y_t)
     task = cfg.task or ("classification" if integer_label else "regression")
     classes = cfg.num_classes
@@ -95,10 +103,35 @@ def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
     if task == "classification" and classes is None and builtin:
         # a built-in model needs the class count for its output layer: every label once
         classes = 1 + max(int(ds[i][1]) for i in range(len(ds)))
-    input_dim = _numel(x) if isinstance(x, torch.Tensor) or isinstance(x, (int, float)) else cfg.input_dim
+    x_t = _as_tensor(x)
+    input_dim = int(x_t.numel()) if x_t is not None else cfg.input_dim
     output_dim = classes if task == "classification" and classes else (
-        _numel(y) if y_t is not None else cfg.output_dim)
-    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes)
+        int(y_t.numel()) if y_t is not None else cfg.output_dim)
+    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes, example=_example_batch(ds))
+
+
+def _as_tensor(value: Any):
+    """A tensor, numpy array, numpy scalar or Python number as a tensor; None otherwise."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, (bool, int, float, torch.Tensor, np.ndarray, np.generic)):
+        return torch.as_tensor(value)
+    return None
+
+
+def _example_batch(ds) -> Any:
+    """Two copies of the first item, batched as the workers batch them: what the driver
+    runs through the model on the meta device to check the output against the target."""
+    from torch.utils.data import default_collate
+
+    from .data import as_float32
+
+    try:
+        x, y = default_collate([ds[0], ds[0]])
+    except (TypeError, RuntimeError):  # a custom item a --collate is for
+        return None
+    return as_float32(x), as_float32(y)
 
 
 def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> int:

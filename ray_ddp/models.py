@@ -159,9 +159,10 @@ def model_stages(name: str) -> int:
     return 2 if name == "toy-mp" else 1
 
 
-def check_model(cfg: TrainConfig, given: Any = None) -> int:
+def check_model(cfg: TrainConfig, given: Any = None, example: Any = None) -> int:
     """Build the model on the meta device (a model object the Python API passed is looked
-    at as it is) and refuse one DDP cannot train.
+    at as it is) and refuse one DDP cannot train; with ``example`` (a batch of the data's
+    first item), also one whose output the task cannot pair with the target.
 
     Returns the number of trainable parameters. Runs on the driver, before Ray starts.
     """
@@ -181,4 +182,31 @@ def check_model(cfg: TrainConfig, given: Any = None) -> int:
             f"model '{cfg.model}' has no parameter that requires grad, so DDP has nothing to "
             "train; unfreeze at least one parameter"
         )
+    if example is not None and not isinstance(given, nn.Module):
+        check_output_shape(cfg, model, example)
     return trainable
+
+
+def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:
+    """Run the meta-device model on the example batch and ask the task whether its output
+    pairs with the target, so a shape mismatch is one line before any worker starts. A
+    model that cannot run on the meta device is checked at its first step instead."""
+    from torch.utils._pytree import tree_map
+
+    from .tasks import TargetShapeError, build_task, forward
+
+    def to_meta(t):
+        return torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t
+
+    x, y = tree_map(to_meta, example)
+    try:
+        with torch.no_grad():
+            out = forward(model, x)
+    except Exception:  # noqa: BLE001 - data-dependent code, a custom op: the worker checks
+        return
+    if cfg.loss is not None or not isinstance(out, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return  # the user's loss pairs them itself
+    try:
+        build_task(cfg.task or "regression", cfg.seq_len).match_target(out, y)
+    except TargetShapeError as err:
+        raise ConfigError(f"model '{cfg.model}': {err}") from None

@@ -55,6 +55,50 @@ def forward(model: Callable, inputs: Any) -> Any:
     return model(inputs)
 
 
+class TargetShapeError(ValueError):
+    """The model's output and the target have shapes no loss can pair without guessing."""
+
+
+def _shapes(output: torch.Tensor, target: torch.Tensor) -> str:
+    rows = "(rows" if output.dim() else "("
+    return (f"the model's output has shape {rows}{_tail(output)}) per batch but the target "
+            f"{rows}{_tail(target)})")
+
+
+def _tail(t: torch.Tensor) -> str:
+    return "".join(f", {d}" for d in t.shape[1:])
+
+
+def match_regression_target(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The target in the output's shape. A lone trailing column is added or dropped (a
+    scikit-learn ``(N,)`` target against a ``(N, 1)`` output, or a model that squeezes its
+    output against a one-column table): anything else would broadcast ``(B, 1) - (B,)``
+    to ``(B, B)`` and train the wrong objective without a word, so it is refused."""
+    if output.shape == target.shape:
+        return target
+    if output.dim() == 2 and output.shape[1] == 1 and target.shape == output.shape[:1]:
+        return target.unsqueeze(1)
+    if output.dim() == 1 and target.dim() == 2 and target.shape == (len(output), 1):
+        return target.squeeze(1)
+    raise TargetShapeError(f"{_shapes(output, target)}; make them match (for example a target "
+                           "of one value per row against an output of one column)")
+
+
+def match_class_target(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Class labels of shape (rows,) for logits (rows, classes): a one-column label table
+    ``(N, 1)`` is squeezed; float targets of the logits' shape are class probabilities."""
+    if target.is_floating_point() and target.shape == output.shape:
+        return target
+    if not target.is_floating_point() and target.dim() == 2 and target.shape[1] == 1 \
+            and output.dim() == 2 and len(target) == len(output):
+        target = target.squeeze(1)
+    if target.is_floating_point() or target.shape != output.shape[:-1]:
+        kind = "float" if target.is_floating_point() else "integer"
+        raise TargetShapeError(f"{_shapes(output, target)} ({kind}); classification needs integer "
+                               "labels of one per row (or float probabilities of the output's shape)")
+    return target
+
+
 class Task:
     """Regression: mean squared error over each row's targets, summed over rows."""
 
@@ -62,9 +106,13 @@ class Task:
     units_per_row = 1  # how many loss units one row holds (a language model: its tokens)
     metric: Optional[str] = None  # the metric beside the loss: accuracy, perplexity
 
+    def match_target(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The target as the loss pairs it with ``output``; TargetShapeError if it cannot."""
+        return match_regression_target(output, target)
+
     def sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         out = output.float()
-        squared = (out - target.float()).pow(2)
+        squared = (out - self.match_target(out, target).float()).pow(2)
         per_row = squared.flatten(1).mean(dim=1) if squared.dim() > 1 else squared
         return {"loss": per_row.sum(), "units": float(len(out))}
 
@@ -79,10 +127,15 @@ class ClassificationTask(Task):
     name = "classification"
     metric = "accuracy"
 
+    def match_target(self, output, target):
+        return match_class_target(output, target)
+
     def sums(self, output, target):
         out = output.float()
+        target = self.match_target(out, target)
+        labels = target.argmax(dim=-1) if target.is_floating_point() else target
         return {"loss": F.cross_entropy(out, target, reduction="sum"), "units": float(len(out)),
-                "correct": (out.argmax(dim=-1) == target).sum().float()}
+                "correct": (out.argmax(dim=-1) == labels).sum().float()}
 
     def metrics(self, totals):
         out = super().metrics(totals)
@@ -99,6 +152,12 @@ class LanguageModelTask(Task):
 
     def __init__(self, seq_len: int):
         self.units_per_row = seq_len
+
+    def match_target(self, output, target):
+        if target.shape != output.shape[:-1] or target.is_floating_point():
+            raise TargetShapeError(f"{_shapes(output, target)}; a language model needs integer "
+                                   "token targets of the output's shape without its vocabulary")
+        return target
 
     def sums(self, output, target):
         out = output.float()

@@ -46,3 +46,23 @@ def collate_dicts(items):
     """A user's collate: stack the dict fields and targets itself."""
     inputs = {k: torch.stack([item[0][k] for item in items]) for k in items[0][0]}
     return inputs, torch.stack([item[1] for item in items])
+
+
+class NumpyRegression:
+    """A scikit-learn style regression set: items are (numpy float32 row, numpy float64
+    scalar), so the batched target has shape (N,) against the model's (N, 1) output."""
+
+    def __init__(self, rows: int, seed: int = 0, inputs: int = 6):
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        self.x = rng.normal(size=(rows, inputs)).astype("float32")
+        w = np.arange(1, inputs + 1, dtype="float64")
+        w *= (10.0 / (w ** 2).sum()) ** 0.5
+        self.y = self.x.astype("float64") @ w  # Var(y) = sum(w^2) = 10
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
