@@ -27,7 +27,7 @@ from .storage import (EVAL_FILE, METRICS_FILE, PROGRESS_FILE, read_table, resolv
 COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time", "busy_s",
            "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash", "max_rss_mb",
            "gpu_max_mb", "started_at", "first_step_at", "accuracy", "perplexity", "preempted_node",
-           "preemption_deadline")
+           "preemption_deadline", "units")
 SCHEMA = pa.schema([
     ("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("loss", pa.float64()),
     ("samples", pa.int64()), ("step_time_s", pa.float64()), ("samples_per_s", pa.float64()),
@@ -39,12 +39,27 @@ SCHEMA = pa.schema([
     ("accuracy", pa.float64()), ("perplexity", pa.float64()),
     # on the row whose checkpoint a preemption notice caused: the drained nodes, the deadline
     ("preempted_node", pa.string()), ("preemption_deadline", pa.float64()),
+    # the loss's units in the window (rows; tokens for a language model): the weight of
+    # this rank's loss in a mean over ranks
+    ("units", pa.float64()),
 ])
 # eval.parquet: one row per validation (every rank reports the same all-reduced figures)
 EVAL_SCHEMA = pa.schema([
     ("epoch", pa.int64()), ("step", pa.int64()), ("samples", pa.int64()), ("loss", pa.float64()),
     ("accuracy", pa.float64()), ("perplexity", pa.float64()), ("time_s", pa.float64()),
 ])
+
+
+def rank_mean(rows: list[dict[str, Any]], key: str) -> Optional[float]:
+    """The mean of ``key`` over ranks, each weighted by its units (a rank whose window
+    held no rows has no loss to give, not a NaN to spread); tables written before the
+    ``units`` column weight by samples."""
+    weighted = [(r[key], r.get("units") if r.get("units") is not None else r["samples"])
+                for r in rows if r.get(key) is not None]
+    total = sum(w for _, w in weighted if w)
+    if not total:
+        return None
+    return sum(v * w for v, w in weighted if w) / total
 
 
 STRAGGLER_RATIO = 1.5
@@ -123,6 +138,8 @@ class MetricsCallback(UserCallback):
         if windows[-1][0].get("preempted_node") and checkpoint is not None:
             self._preemptions.append(describe_preemption(windows[-1][0], progress["checkpoint"]))
         progress["preemptions"] = self._preemptions
+        # where each rank runs: the driver names the rank and node of a failure with it
+        progress["nodes"] = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
         write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", progress)
         if self.tensorboard:
             for window in windows:
@@ -227,10 +244,10 @@ def _write_tensorboard_rows(writer, metrics: list[dict[str, Any]]) -> None:
     for m in metrics:
         for key in ("loss", "samples_per_s", "step_time_s", "busy_s"):
             writer.add_scalar(f"{key}/rank_{m['rank']}", m[key], step)
-    writer.add_scalar("loss/mean", sum(m["loss"] for m in metrics) / len(metrics), step)
-    for key in ("accuracy", "perplexity"):
-        if metrics[0].get(key) is not None:
-            writer.add_scalar(f"{key}/mean", sum(m[key] for m in metrics) / len(metrics), step)
+    for key in ("loss", "accuracy", "perplexity"):
+        mean = rank_mean(metrics, key)
+        if mean is not None:
+            writer.add_scalar(f"{key}/mean", mean, step)
     for key in ("val_loss", "val_accuracy", "val_perplexity"):  # the same on every rank
         if metrics[0].get(key) is not None:
             writer.add_scalar(f"validation/{key[4:]}", metrics[0][key], step)
@@ -252,9 +269,8 @@ def summarize_report(metrics: list[dict[str, Any]], epochs: int, total_steps: in
         "epochs": epochs,
         "step": int(first["step"]),
         "total_steps": total_steps,
-        "loss": sum(m["loss"] for m in metrics) / len(metrics),
-        **{k: sum(m[k] for m in metrics) / len(metrics) for k in ("accuracy", "perplexity")
-           if first.get(k) is not None},
+        "loss": rank_mean(metrics, "loss"),
+        **{k: rank_mean(metrics, k) for k in ("accuracy", "perplexity") if first.get(k) is not None},
         **{k: first[k] for k in ("val_loss", "val_accuracy", "val_perplexity") if k in first},
         "samples_per_s": sum(m["samples_per_s"] for m in metrics),
         "world_size": len(metrics),
@@ -285,7 +301,7 @@ def summarize_metrics(table: pa.Table, after_step: int = 0) -> dict[str, Any]:
     wall = (max(r["time"] for r in this_run) - min(r["time"] - r["step_time_s"] for r in this_run)
             if this_run else 0.0)
     return {
-        "final_loss": sum(r["loss"] for r in last) / len(last),
+        "final_loss": rank_mean(last, "loss"),
         "samples_per_s": samples / seconds if seconds > 0 else 0.0,
         "wall_samples_per_s": sum(r["samples"] for r in this_run) / wall if wall > 0 else None,
         "reports": len(steps),

@@ -148,9 +148,14 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
             f.write(buf.getvalue())
         files.append(target)
 
-    losses = [[r["loss"] for r in rows if r["step"] == s] for s in steps]
+    from .metrics import rank_mean
+
+    at_step = [[r for r in rows if r["step"] == s] for s in steps]
+    # a rank with no rows in a window has a NaN loss: it takes no part in the band either
+    losses = [[r["loss"] for r in v if r["loss"] == r["loss"]] or [float("nan")] for v in at_step]
+    means = [rank_mean(v, "loss") for v in at_step]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [sum(v) / len(v) for v in losses], label="mean over ranks")
+    ax.plot(steps, [float("nan") if m is None else m for m in means], label="mean over ranks")
     ax.fill_between(steps, [min(v) for v in losses], [max(v) for v in losses], alpha=0.3,
                     label="min-max over ranks")
     evals = read_table(store.fs, f"{run_path}/{EVAL_FILE}")
@@ -177,7 +182,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     mean_time = {k: sum(r["busy_s"] for r in by_rank[k]) / len(by_rank[k]) for k in ranks}
     slowest = max(ranks, key=lambda k: mean_time[k])
     summary = ReportSummary(
-        run=name, ranks=len(ranks), steps=steps[-1], final_loss=sum(losses[-1]) / len(losses[-1]),
+        run=name, ranks=len(ranks), steps=steps[-1], final_loss=float("nan") if means[-1] is None else means[-1],
         slowest_rank=slowest, slowest_step_time_s=mean_time[slowest],
         median_step_time_s=median(mean_time.values()), files=files,
     )
