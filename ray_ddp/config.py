@@ -185,8 +185,12 @@ class TrainConfig:
         "least seconds between sends of metrics rows to Ray Train, which takes one report per "
         "worker per poll (every second under ray-ddp); sooner ones would stall training (0: send "
         "every row; checkpoints always send)", default=3.0)
-    max_failures: int = _opt("worker-group restarts from the latest checkpoint before giving up "
-                             "(-1: no limit); node preemptions are not counted here", default=0)
+    max_failures: Optional[int] = _opt(
+        "worker-group restarts from the latest checkpoint before giving up (-1: no limit); "
+        "node preemptions, and a node that dies after its preemption notice, are not counted "
+        "here; default: 0 for --workers N, while an elastic --workers MIN-MAX run restarts "
+        "after every lost worker or node and stops only when it fails 3 times in a row after "
+        "the same checkpoint (a bug, not a lost node)", default=None)
     max_preemptions: int = _opt(
         "restarts after spot-node preemptions before giving up (-1: no limit); when a node is "
         "drained for preemption the workers save a checkpoint at the next report and wait for "
@@ -256,6 +260,12 @@ class TrainConfig:
                               "(workers x batch-size)); drop --grad-accum")
         if self.bucket_mb is not None and not (math.isfinite(self.bucket_mb) and self.bucket_mb > 0):
             raise ConfigError(f"--bucket-mb must be a positive number of MiB, got {self.bucket_mb}")
+        elastic = worker_range(self.workers)
+        if self.static_graph and elastic and elastic[0] < elastic[1]:
+            raise ConfigError(f"--static-graph cannot run elastic (--workers {self.workers}): below "
+                              f"{elastic[1]} workers the fixed global batch "
+                              "needs gradient accumulation, which DDP's static graph cannot do; give a "
+                              "fixed --workers or drop --static-graph")
         if self.static_graph and (self.grad_accum > 1 or self.global_batch is not None):
             raise ConfigError("--static-graph cannot accumulate gradients (DDP's static graph must "
                               "all-reduce on its first micro-batch): drop --grad-accum/--global-batch "
@@ -266,7 +276,7 @@ class TrainConfig:
             raise ConfigError(f"--report-interval must be 0 or more seconds, got {self.report_interval}")
         if not math.isfinite(self.wait_for_resources) or self.wait_for_resources < 0:
             raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {self.wait_for_resources}")
-        if self.max_failures < -1:
+        if self.max_failures is not None and self.max_failures < -1:
             raise ConfigError("--max-failures must be -1 (retry forever), 0 or more")
         if not math.isfinite(self.lr) or self.lr <= 0:
             raise ConfigError(f"--lr must be a positive finite number, got {self.lr}")
@@ -305,9 +315,6 @@ class TrainConfig:
             raise ConfigError("give --val-data or --val-fraction, not both")
         if self.val_fraction and self.stream:
             raise ConfigError("--val-fraction splits rows held in memory; with --stream give --val-data")
-        if self.keep_best and not (self.val_data or self.val_fraction):
-            raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
-                              "give --val-data or --val-fraction")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy}")
         if self.strategy == "fsdp":

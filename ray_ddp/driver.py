@@ -19,11 +19,12 @@ from .checkpoint import CheckpointScan, find_latest_checkpoint
 from .cluster import ClusterConfig, attach_ray, ensure_cluster_fits, refresh_elastic_view
 from .config import ConfigError, TrainConfig, worker_range
 from .devices import PlacementConfig, plan_placement
+from .failures import FailureSummary, RestartState, describe_loss, summarize_failure
 from .dataplan import fit_batch_to, fit_data_to, inspect_data
 from .models import check_model, load_callable, model_stages
 from .worker_env import train_controller_env, worker_runtime_env
 from .progress import show_progress
-from .storage import (EVAL_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
+from .storage import (EVAL_FILE, METRICS_FILE, PROGRESS_FILE, STATUS_FILE, SUMMARY_FILE, StorageConfig, check_writable,
                       read_json, read_table, resolve_storage, write_json)
 
 # Fields of the checkpoint's config that must match for a resume to load the weights.
@@ -32,7 +33,13 @@ _SHAPE_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "he
 
 
 class TrainingError(RuntimeError):
-    """Training started but failed; the message names the failing rank and cause."""
+    """Training started but failed; the message names the failing rank and cause.
+    ``failure``: the rank that explains it (None when Ray's controller failed), and
+    ``step``: the last step the run reported."""
+
+    def __init__(self, message: str, failure: Optional[FailureSummary] = None, step: Optional[int] = None):
+        super().__init__(message)
+        self.failure, self.step = failure, step
 
 
 @dataclass
@@ -90,7 +97,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     given_batch = cfg.global_batch  # None: workers x batch x accum, once the workers are known
     cfg = fit_data_to(fit_batch_to(cfg, (worker_range(cfg.workers) or (1, 1))[1], given_batch),
                       data_shape)  # redone below for the world size the cluster gives
-    check_model(cfg, model)
+    check_model(cfg, model, data_shape.example if data_shape is not None and loss is None else None)
     store = open_storage(cfg)
     start = find_start(cfg, store, data_shape, echo)
     if start.complete:
@@ -205,15 +212,25 @@ def announce(cfg: TrainConfig, placement: PlacementConfig, start: StartState, st
 
 def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
                      start: StartState, objects: dict[str, Any], echo: Callable[[str], None]) -> None:
-    """TorchTrainer.fit() with progress shown, and status.json telling where it stands."""
+    """TorchTrainer.fit() with progress shown, and status.json telling where it stands;
+    started again from the newest checkpoint when ``failures`` says the run goes on."""
     run_path = store.run_path(cfg.name)
-    loop_config = {"config": cfg.to_dict(), "resume_from": start.scan.latest,
-                   "newest_at_start": start.scan.newest, "total_steps": planned_steps(cfg, start.scan.meta),
-                   "objects": {k: v for k, v in objects.items() if v is not None}}
+    scan = start.scan
+    restarts = RestartState()
     _write_status(store, run_path, "running", cfg, placement)
     try:
-        with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
-            _fit(cfg, store, placement, loop_config)
+        while True:
+            try:
+                with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
+                    _fit(cfg, store, placement, _loop_config(cfg, scan, objects), objects)
+                break
+            except TrainingError as err:
+                scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
+                why = _decide_restart(err, restarts, cfg, placement, store, scan)
+                if why is None:
+                    raise
+                echo(f"{err}; restarting from {scan.latest or 'the start'} ({why})"
+                     + _steps_to_redo(err.step, scan.meta))
     except TrainingError as err:
         _write_status(store, run_path, "failed", cfg, placement, error=str(err))
         raise
@@ -228,6 +245,38 @@ def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placemen
     table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
     _write_status(store, run_path, "complete", cfg, placement,
                   stretches=world_stretches(table) if table is not None and table.num_rows else None)
+
+
+def _loop_config(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]) -> dict[str, Any]:
+    from ray import cloudpickle
+
+    return {"config": cfg.to_dict(), "resume_from": scan.latest, "newest_at_start": scan.newest,
+            "total_steps": planned_steps(cfg, scan.meta),
+            # pickled here: Ray Train's controller only hands them on, and could not import
+            # a user's module that only the workers' PYTHONPATH holds
+            "objects": cloudpickle.dumps({k: v for k, v in objects.items() if v is not None})}
+
+
+def _decide_restart(err: "TrainingError", restarts: RestartState, cfg: TrainConfig,
+                    placement: PlacementConfig, store: StorageConfig, scan: CheckpointScan) -> Optional[str]:
+    """Why the driver starts the run again, or None; a run that stops gets the end of its
+    one line (what would have let it go on) added to ``err``."""
+    if err.failure is None:
+        return None
+    progress = read_json(store.fs, f"{store.run_path(cfg.name)}/{PROGRESS_FILE}") or {}
+    preempted = {n for p in progress.get("preemptions") or [] for n in str(p.get("node_id", "")).split(",") if n}
+    why = restarts.decide(err.failure, placement.elastic, cfg.max_failures, cfg.max_preemptions,
+                          preempted, scan.latest)
+    if why is None:
+        err.args = (str(err) + restarts.why_stopped(err.failure, placement.elastic, cfg.max_failures),)
+    return why
+
+
+def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:
+    if step is None:
+        return ""
+    redo = step - (meta["step"] if meta else 0)
+    return f": {redo} step{'s' if redo != 1 else ''} to redo" if redo > 0 else ""
 
 
 def planned_steps(cfg: TrainConfig, meta: Optional[dict[str, Any]]) -> int:
@@ -331,7 +380,7 @@ def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], No
 
 
 def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
-         loop_config: dict[str, Any]) -> None:
+         loop_config: dict[str, Any], objects: dict[str, Any]) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -353,17 +402,17 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
             # with --keep-best, the metrics callback prunes (newest --keep and the best)
             checkpoint_config=CheckpointConfig(num_to_keep=None if cfg.keep_best else cfg.keep),
             # a preemption restart is counted apart from failures (Ray tells them apart)
-            failure_config=FailureConfig(max_failures=cfg.max_failures,
+            failure_config=FailureConfig(max_failures=cfg.max_failures or 0,
                                          max_preemption_failures=cfg.max_preemptions),
             callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, loop_config["total_steps"],
                                        tensorboard=cfg.tensorboard, keep=cfg.keep, keep_best=cfg.keep_best)],
-            worker_runtime_env=worker_runtime_env(cfg),
+            worker_runtime_env=worker_runtime_env(cfg, [v for v in objects.values() if v is not None]),
         ),
     )
     try:
         trainer.fit()
     except TrainingFailedError as err:
-        raise TrainingError(_describe_failure(err)) from None
+        raise _training_error(err, store.run_path(cfg.name), store) from None
     except SystemExit:
         # Ctrl-C: fit() installs Ray's SIGINT handler, which aborts the run gracefully and
         # then leaves fit() with SystemExit. Hand it on as what it was: an interrupt.
@@ -414,16 +463,19 @@ def describe_startup(marks: dict[str, float], table) -> Optional[dict[str, float
     return out
 
 
-def _describe_failure(err: Exception) -> str:
-    """One line for the user: the first failing rank and its exception's last line."""
+def _training_error(err: Exception, run_path: str, store: StorageConfig) -> TrainingError:
+    """One line for the user: the rank that explains the failure (a dead worker or node
+    before the survivors' broken connections) and its cause."""
+    progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
     failures = getattr(err, "worker_failures", None) or {}
-    if failures:
-        rank = min(failures)
-        cause = failures[rank]
-        last = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
-        return f"training failed on rank {rank}: {last}"
-    text = str(err).strip().splitlines()
-    return "training failed: " + (text[-1] if text else type(err).__name__)
+    if not failures:
+        text = str(err).strip().splitlines()
+        return TrainingError("training failed: " + (text[-1] if text else type(err).__name__))
+    failure = summarize_failure(failures, progress.get("nodes") or {})
+    step = progress.get("step")
+    if failure.lost is None:
+        return TrainingError(f"training failed on rank {failure.rank}: {failure.cause}", failure, step)
+    return TrainingError(describe_loss(failure, step), failure, step)
 
 
 def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs, run_uri: Optional[str]) -> dict[str, Any]:

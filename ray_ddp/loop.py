@@ -24,6 +24,7 @@ from typing import Optional
 
 import ray
 import ray.train
+from ray import cloudpickle
 import ray.train.torch
 import torch
 import torch.distributed as dist
@@ -63,7 +64,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # an elastic run gets its world size from Ray at each (re)start: the fixed global
     # batch is cut into micro-batches and accumulation steps for this one
     cfg = fit_to_world(TrainConfig.from_dict(loop_config["config"]), world_size)
-    objects = loop_config.get("objects") or {}
+    objects = cloudpickle.loads(loop_config["objects"]) if loop_config.get("objects") else {}
     devices = _worker_devices(cfg)
     # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
     # follows the CPUs it asked for, but torch may have read it before)
@@ -95,7 +96,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
                                           bucket_view=not cfg.plain_ddp, static_graph=cfg.static_graph,
                                           bucket_mb=cfg.bucket_mb)
     parts = TrainParts(model, wrapped, torch.compile(wrapped) if cfg.compile else wrapped,
-                       optimizer, scheduler, scaler, devices)
+                       optimizer, scheduler, scaler, devices,
+                       grads_in_buckets=isinstance(wrapped, DDP) and wrapped.gradient_as_bucket_view)
     loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
     task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn)
     source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects)
@@ -125,6 +127,13 @@ class TrainParts:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     devices: list[torch.device]
+    grads_in_buckets: bool = False  # DDP's gradient_as_bucket_view
+
+    def zero_grad(self) -> None:
+        """Gradients that are views into DDP's buckets are zeroed in place: set to None,
+        they are reallocated every step and the bucket view saves nothing (as torch's
+        docstring of gradient_as_bucket_view says)."""
+        self.optimizer.zero_grad(set_to_none=not self.grads_in_buckets)
 
     def stateful(self) -> dict:
         return {"scheduler": self.scheduler, "scaler": self.scaler}
@@ -301,6 +310,7 @@ class _WorkerRun:
             last_of_epoch = i == cfg.steps_per_epoch - 1
             if last_of_epoch:
                 self.state.epoch, self.state.epoch_step = epoch + 1, 0
+                broadcast_buffers(self.model, self.reporter.collective_device)
                 evaluated = self._evaluate(epoch) if should_evaluate(cfg, epoch + 1, self.val_set) else None
                 self._close_window(epoch, save=should_save(cfg, epoch + 1), epoch_end=True,
                                    evaluated=evaluated)
@@ -313,7 +323,7 @@ class _WorkerRun:
     def _run_step(self, epoch: int, i: int) -> None:
         """One optimizer step over ``grad_accum`` micro-batches of this rank's rows."""
         cfg, p, w = self.cfg, self.parts, self.window
-        p.optimizer.zero_grad(set_to_none=True)
+        p.zero_grad()
         for micro in range(cfg.grad_accum):
             started = w.busy.start()
             x, y, share = self.source.micro_batch(epoch, i, micro)
@@ -351,6 +361,7 @@ class _WorkerRun:
         windows (the next window starts after it)."""
         started = time.perf_counter()
         model, task = self.parts.model, self.task
+        modes = [(m, m.training) for m in model.modules()]  # a frozen BatchNorm stays frozen
         model.eval()
         totals: dict[str, torch.Tensor] = {}
         with torch.no_grad():
@@ -362,7 +373,8 @@ class _WorkerRun:
                     out = forward(model, x)
                 for key, value in task.sums(out, y).items():
                     totals[key] = totals.get(key, 0) + (value.double() if torch.is_tensor(value) else value)
-        model.train()
+        for module, training in modes:
+            module.train(training)
         keys = ("loss", "units", "correct")
         flat = torch.tensor([float(totals.get(k, 0.0)) for k in keys], dtype=torch.float64,
                             device=self.reporter.collective_device)
@@ -410,6 +422,7 @@ class _WorkerRun:
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "time": time.time(),
             "lr": self.optimizer.param_groups[0]["lr"],
+            "units": totals.get("units", 0.0),
             **peak_memory_mb(self.in_device),
         }
         if epoch_end:
@@ -423,8 +436,8 @@ class _WorkerRun:
             self.first_report = None
         self.reporter.add(metrics)
         if save:
-            final = epoch + 1 == self.cfg.epochs and not self.cfg.skip_final_model
-            self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict(), final=final)
+            self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict(),
+                                               final=is_final_save(self.cfg, epoch, epoch_end))
         elif due:
             self.reporter.send()
         if notice is not None and self.state.step < self.total_steps:
@@ -472,6 +485,31 @@ def wait_for_restart(deadline: float) -> None:
     (counting it against --max-preemptions)."""
     while time.time() < deadline + RESTART_WAIT_S:
         time.sleep(0.5)
+
+
+def is_final_save(cfg: TrainConfig, epoch: int, epoch_end: bool) -> bool:
+    """Whether a checkpoint also writes the whole model (FSDP: gathered from every rank):
+    only at the last epoch's end, never on a preemption checkpoint within the last epoch,
+    whose deadline is running."""
+    return epoch_end and epoch + 1 == cfg.epochs and not cfg.skip_final_model
+
+
+def broadcast_buffers(model: nn.Module, collective_device: torch.device) -> None:
+    """Give every rank rank 0's buffers (BatchNorm's running statistics). Each rank's
+    forward updates its own from its own rows, so they drift apart within a step; DDP
+    broadcasts rank 0's at each forward, and this does the same before validation and a
+    checkpoint, so every rank validates with, and hashes, the buffers rank 0 saves."""
+    if dist.get_world_size() == 1:
+        return
+    for buffer in model.buffers():
+        if hasattr(buffer, "to_local"):
+            continue  # a DTensor: FSDP keeps it consistent itself
+        if buffer.device == collective_device:
+            dist.broadcast(buffer, src=0)
+        else:  # gloo on CPU for buffers on a GPU (a two-stage model on gloo, never NCCL)
+            staged = buffer.to(collective_device)
+            dist.broadcast(staged, src=0)
+            buffer.copy_(staged)
 
 
 def weights_are_finite(model: nn.Module) -> bool:

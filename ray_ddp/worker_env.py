@@ -6,6 +6,7 @@ what each process of ``ray_ddp.spawn`` / ``ray-ddp launch`` finds (``plan_node_e
 
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
@@ -40,6 +41,8 @@ def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[st
 
 def _module_of(obj: Any) -> str:
     """The module an object (or, for an instance, its class) was defined in."""
+    while isinstance(obj, functools.partial):
+        obj = obj.func
     module = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
     return module if module and module != "builtins" else ""
 

@@ -206,3 +206,52 @@ class UnusedBranch(nn.Module):
 def unused_branch() -> nn.Module:
     return UnusedBranch()
 
+
+
+class FrozenStatsNet(nn.Module):
+    """Fine-tuning as people do it: an input BatchNorm put in eval mode in __init__ (its
+    running statistics frozen), then a body and a head of one output column (a
+    scikit-learn style regression)."""
+
+    def __init__(self, inputs: int = 6):
+        super().__init__()
+        self.frozen = nn.BatchNorm1d(inputs)
+        self.frozen.running_mean.fill_(0.25)
+        self.frozen.eval()
+        self.body = nn.Linear(inputs, 32)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(self.frozen(x))))
+
+
+def frozen_stats_net() -> nn.Module:
+    return FrozenStatsNet()
+
+
+class DiesOnRankOne(nn.Module):
+    """The tutorial's ToyModel whose rank 1 process kills itself (SIGKILL, as the OOM
+    killer or a lost node does) at its ``at``-th forward: in its first life only, or,
+    with ``every_life``, in every life (a crash that a restart cannot cure)."""
+
+    def __init__(self, marker: str, at: int, every_life: bool):
+        super().__init__()
+        self.net1, self.relu, self.net2 = nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)
+        self.marker, self.at, self.every_life, self.calls = marker, at, every_life, 0
+
+    def forward(self, x):
+        import os
+        import signal
+
+        import ray.train
+
+        self.calls += self.training
+        if self.training and self.calls == self.at and ray.train.get_context().get_world_rank() == 1:
+            if self.every_life or not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return self.net2(self.relu(self.net1(x)))
+
+
+def dies_on_rank_one(marker: str, at: int, every_life: bool = False) -> nn.Module:
+    return DiesOnRankOne(marker, at, every_life)

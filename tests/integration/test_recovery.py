@@ -130,6 +130,16 @@ def user_model_run(ray_local, storage):
     return run(small(storage, "user-model-full", **USER_MODEL))
 
 
+def test_every_rank_validates_and_hashes_rank_0s_batchnorm_statistics(user_model_run):
+    # each rank's forward moves its own running statistics; at an epoch's end every rank
+    # takes rank 0's (what it saves), so the fingerprints agree at every epoch end
+    rows = rows_of(user_model_run)
+    ends = sorted({r["step"] for r in rows if r["weights_hash"] is not None})
+    assert ends == [12, 24, 36, 48]
+    for step in ends:
+        assert len({r["weights_hash"] for r in rows if r["step"] == step}) == 1, step
+
+
 def test_broken_checkpoints_are_skipped_and_a_batchnorm_model_resumes_bit_identical(user_model_run, storage,
                                                                                       capsys):
     name = "user-model-broken"

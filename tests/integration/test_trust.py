@@ -1,0 +1,113 @@
+"""Runs that used to train the wrong thing without a word: a (N,) target, a rank with no
+rows in the last step, the Python API's val_data= with keep_best, a frozen BatchNorm.
+(BatchNorm statistics that differ per rank: test_recovery's BatchNorm run.)"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import pytest
+import torch
+
+from ray_ddp import ConfigError, TrainConfig, TrainingError, run
+from ray_ddp.checkpoint import MODEL_FILE
+
+from ._runs import rows_of
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def sklearn_style_run(ray_local, storage):
+    """1,281 numpy rows on 2 workers x 32: the last step of each epoch has one row, so
+    rank 1 trains on none; validation from val_data= with keep_best."""
+    from user_data import NumpyRegression
+    from user_models import frozen_stats_net
+
+    cfg = TrainConfig(workers=2, epochs=5, batch_size=32, optimizer="adamw", lr=3e-3,
+                      report_every=10, keep_best=True, storage=str(storage), name="sklearn-style",
+                      quiet=True)
+    return run(cfg, model=frozen_stats_net, train_data=NumpyRegression(1281),
+               val_data=NumpyRegression(200, seed=1))
+
+
+def test_a_target_of_shape_n_trains_the_regression_not_a_broadcast(sklearn_style_run):
+    # Var(y) = 10: the (B, 1) - (B,) broadcast would end near 20, the right objective near 0
+    assert sklearn_style_run.task == "regression"
+    assert sklearn_style_run.final_loss < 0.5 and sklearn_style_run.val_loss < 0.5
+
+
+def test_a_rank_without_rows_gives_no_nan(sklearn_style_run):
+    rows = rows_of(sklearn_style_run)
+    last_step = max(r["step"] for r in rows)
+    empty = [r for r in rows if r["step"] == last_step and r["units"] == 0]
+    assert empty, "the last window should hold no rows on one rank (1,281 = 20 x 64 + 1)"
+    assert math.isfinite(sklearn_style_run.final_loss)
+
+
+def test_val_data_object_with_keep_best_is_accepted(sklearn_style_run):
+    assert sklearn_style_run.best_checkpoint is not None
+    assert sklearn_style_run.best_val_loss <= sklearn_style_run.val_loss
+
+
+def test_a_frozen_batchnorm_stays_frozen(sklearn_style_run, storage):
+    latest = sklearn_style_run.checkpoint.rsplit("/", 1)[-1]
+    state = torch.load(storage / "sklearn-style" / latest / MODEL_FILE, weights_only=True)
+    assert torch.equal(state["frozen.running_mean"], torch.full((6,), 0.25))
+    assert int(state["frozen.num_batches_tracked"]) == 0
+
+
+def test_a_target_that_cannot_pair_with_the_output_is_one_line_before_ray(tmp_path):
+    from torch.utils.data import TensorDataset
+    from user_models import frozen_stats_net
+
+    x, y = torch.randn(64, 6), torch.randn(64, 3)
+    with pytest.raises(ConfigError, match=r"output has shape \(rows, 1\).*target \(rows, 3\)"):
+        run(TrainConfig(storage=str(tmp_path), name="bad-shape", quiet=True),
+            model=frozen_stats_net,
+            train_data=TensorDataset(x, y))
+    assert not (tmp_path / "bad-shape").exists()
+
+
+def test_an_elastic_run_survives_a_lost_worker_without_max_failures(ray_local, storage, tmp_path):
+    from user_models import dies_on_rank_one
+
+    lines: list[str] = []
+    summary = run(TrainConfig(workers="1-2", epochs=3, steps_per_epoch=10, batch_size=16, report_every=5,
+                              storage=str(storage), name="elastic-lost-worker", quiet=True),
+                  echo=lines.append, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 15))
+    assert summary.epochs_completed == 3 and summary.steps == 30
+    restart = [line for line in lines if "restarting from" in line]
+    assert len(restart) == 1, lines
+    assert re.search(r"^rank 1 on node 127\.0\.0\.1 was lost \(its process \d+ died\)( at step 1\d)?; "
+                     r"restarting from step-00000010 \(an elastic run goes on", restart[0]), restart[0]
+
+
+def test_a_crash_that_repeats_ends_an_elastic_run_in_one_line(ray_local, storage, tmp_path):
+    from user_models import dies_on_rank_one
+
+    lines: list[str] = []
+    with pytest.raises(TrainingError) as failed:
+        run(TrainConfig(workers="1-2", epochs=1, steps_per_epoch=10, batch_size=16, report_every=2,
+                        storage=str(storage), name="elastic-repeats", quiet=True),
+            echo=lines.append, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 5, True))
+    message = str(failed.value)
+    assert "\n" not in message and "gloo" not in message
+    assert re.match(r"rank 1 on node 127\.0\.0\.1 was lost \(its process \d+ died\)", message), message
+    assert "failed 3 times in a row after the same checkpoint" in message
+    assert len([line for line in lines if "restarting from the start" in line]) == 2
+
+
+def test_a_fixed_run_names_the_lost_worker_and_the_flag(ray_local, storage, tmp_path):
+    from user_models import dies_on_rank_one
+
+    with pytest.raises(TrainingError) as failed:
+        run(TrainConfig(workers=2, epochs=1, steps_per_epoch=10, batch_size=16, report_every=2,
+                        storage=str(storage), name="fixed-lost-worker", quiet=True),
+            model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 5))
+    message = str(failed.value)
+    assert re.fullmatch(r"rank 1 on node 127\.0\.0\.1 was lost \(its process \d+ died\)( at step \d+)?; pass "
+                        r"--max-failures N \(-1: no limit\) to let the run restart from its latest "
+                        r"checkpoint", message), message
