@@ -265,8 +265,9 @@ def _decide_restart(err: "TrainingError", restarts: RestartState, cfg: TrainConf
         return None
     progress = read_json(store.fs, f"{store.run_path(cfg.name)}/{PROGRESS_FILE}") or {}
     preempted = {n for p in progress.get("preemptions") or [] for n in str(p.get("node_id", "")).split(",") if n}
+    run_nodes = {str(n) for n in (progress.get("nodes") or {}).values() if n}
     why = restarts.decide(err.failure, placement.elastic, cfg.max_failures, cfg.max_preemptions,
-                          preempted, scan.latest)
+                          preempted, run_nodes, scan.latest)
     if why is None:
         err.args = (str(err) + restarts.why_stopped(err.failure, placement.elastic, cfg.max_failures),)
     return why

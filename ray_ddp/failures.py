@@ -105,18 +105,24 @@ class RestartState:
     forgiven_nodes: set = field(default_factory=set)
 
     def decide(self, failure: FailureSummary, elastic: bool, max_failures: Optional[int],
-               max_preemptions: int, preempted_nodes: set[str], checkpoint: Optional[str]) -> Optional[str]:
-        """Why the run restarts (a few words for the restart line), or None to stop."""
+               max_preemptions: int, preempted_nodes: set[str], run_nodes: set[str],
+               checkpoint: Optional[str]) -> Optional[str]:
+        """Why the run restarts (a few words for the restart line), or None to stop.
+        ``preempted_nodes``: the nodes whose preemption notice the run saw; ``run_nodes``:
+        the nodes its ranks ran on."""
         if failure.lost is None:
             return None  # an error in training: restarting would raise it again
         self.repeats = self.repeats + 1 if checkpoint == self.last_checkpoint else 1
         self.last_checkpoint = checkpoint
-        if failure.preempted or (failure.node_id in preempted_nodes
-                                 and failure.node_id not in self.forgiven_nodes):
+        # the dead rank's node was being preempted; or only survivors' broken connections
+        # are known, and a node of the run was: its death is the preemption's
+        noticed = (preempted_nodes & run_nodes if failure.lost == "peer" else
+                   preempted_nodes & {failure.node_id}) - self.forgiven_nodes
+        if failure.preempted or noticed:
             if max_preemptions != -1 and self.preemptions >= max_preemptions:
                 return None
             self.preemptions += 1
-            self.forgiven_nodes.add(failure.node_id)
+            self.forgiven_nodes |= noticed
             return f"its node was being preempted; preemption {self.preemptions}, not a failure"
         if elastic and max_failures is None and self.repeats < REPEATED_FAILURE_LIMIT:
             self.restarts += 1
