@@ -8,9 +8,14 @@ already have, ``spawn(fn, args, nprocs)`` replaces ``torch.multiprocessing.spawn
 ``device()`` gives each process its device.
 """
 
-from .config import ConfigError, TrainConfig
-from .driver import RunSummary, TrainingError, run
-from .spawn import ProcessFailed, device, devices, spawn
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.driver.summary import RunSummary
+from ray_ddp.errors import TrainingError
+from ray_ddp.driver.run import run
+from ray_ddp.errors import ProcessFailed
+from ray_ddp.launch.devices import device, devices
+from ray_ddp.launch.spawn import spawn
 
 __all__ = ["ConfigError", "ProcessFailed", "RunSummary", "TrainConfig", "TrainingError", "device",
            "devices", "run", "spawn"]

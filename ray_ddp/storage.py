@@ -8,6 +8,8 @@ never sees half a file.
 
 from __future__ import annotations
 
+from ray_ddp.errors import StorageError
+
 import io
 import json
 import os
@@ -20,7 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .config import ConfigError
+from ray_ddp.errors import ConfigError
 
 METRICS_FILE = "metrics.parquet"
 EVAL_FILE = "eval.parquet"
@@ -77,10 +79,6 @@ def check_writable(storage: StorageConfig) -> None:
         ) from None
 
 
-class StorageError(RuntimeError):
-    """Run storage failed to read or write a file, again on every retry, or holds a file
-    that cannot be what ray_ddp wrote there. Raised, never guessed around: a table that
-    could not be read must not be replaced by one with only the new rows."""
 
 
 RETRIES = 4  # tries per read or write; transient errors (a dropped S3 connection) pass

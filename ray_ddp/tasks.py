@@ -17,6 +17,8 @@ gives exact validation figures however many ranks there are.
 
 from __future__ import annotations
 
+from ray_ddp.errors import TargetShapeError
+
 import math
 from typing import Any, Callable, Optional
 
@@ -55,8 +57,6 @@ def forward(model: Callable, inputs: Any) -> Any:
     return model(inputs)
 
 
-class TargetShapeError(ValueError):
-    """The model's output and the target have shapes no loss can pair without guessing."""
 
 
 def _shapes(output: torch.Tensor, target: torch.Tensor) -> str:

@@ -9,9 +9,10 @@ import torch.distributed as dist
 
 import ray_ddp
 from ray_ddp import TrainConfig, run
-from ray_ddp.checkpoint import MODEL_FILE, weights_hash
-from ray_ddp.devices import wrap_ddp
-from ray_ddp.models import ToyModel, ToyMpModel
+from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.checkpoint.verify import weights_hash
+from ray_ddp.parallel.ddp import wrap_ddp
+from ray_ddp.models.builtin import ToyModel, ToyMpModel
 
 GPUS = torch.cuda.device_count()
 
@@ -78,7 +79,7 @@ def test_two_workers_share_one_gpu_over_gloo(ray_gpu, tmp_path):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from ray_ddp.loop import train_loop_per_worker
+    from ray_ddp.worker.loop import train_loop_per_worker
 
     cfg = TrainConfig(workers=2, gpus_per_worker=1, backend="gloo", epochs=1, steps_per_epoch=5,
                       report_every=5, storage=str(tmp_path), name="shared")
@@ -106,7 +107,7 @@ def test_compile_and_fp16_on_one_gpu(ray_gpu, tmp_path):
 
 
 def test_rng_of_the_workers_own_gpu_only(single_process_group):
-    from ray_ddp.checkpoint import capture_rng, restore_rng
+    from ray_ddp.checkpoint.format import capture_rng, restore_rng
 
     own = [torch.device("cuda:0")]
     state = capture_rng(own)
@@ -119,7 +120,7 @@ def test_rng_of_the_workers_own_gpu_only(single_process_group):
 def test_sync_batchnorm_and_a_classifier_on_one_gpu(ray_gpu, tmp_path):
     import sys
 
-    from ray_ddp.datasets import write_synthetic
+    from ray_ddp.data.synth_files import write_synthetic
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers"))
     write_synthetic(str(tmp_path / "cls"), rows=2000, features=10, targets=1, task="classification", classes=5)
@@ -134,8 +135,8 @@ def test_sync_batchnorm_and_a_classifier_on_one_gpu(ray_gpu, tmp_path):
 def test_fsdp_bf16_gpt_on_one_gpu_resumes_and_exports(ray_gpu, tmp_path):
     """FSDP2 over NCCL with bf16 parameters and fp32 reductions: a run, a resume from its
     sharded checkpoint, and both model.pt and `ray-ddp export` loading on the CPU."""
-    from ray_ddp.export import export_model
-    from ray_ddp.models import GPT
+    from ray_ddp.checkpoint.export import export_model
+    from ray_ddp.models.builtin import GPT
 
     cfg = dict(model="gpt", strategy="fsdp", amp="bf16", width=64, depth=2, heads=4, seq_len=32,
                task="lm", workers=1, gpus_per_worker=1, optimizer="adamw", lr=1e-3, clip_grad=1.0,
@@ -189,7 +190,7 @@ dist.destroy_process_group()
 
 
 def test_launch_runs_torchrun_code_that_sets_cuda_local_rank(ray_gpu, tmp_path, capsys):
-    from ray_ddp.spawn import launch
+    from ray_ddp.launch.launch import launch
 
     if GPUS < 2:
         pytest.skip("needs 2 GPUs")

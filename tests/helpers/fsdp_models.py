@@ -4,7 +4,7 @@ ray_ddp)."""
 
 from torch import nn
 
-from ray_ddp.models import GPT, build_mlp
+from ray_ddp.models.builtin import GPT, build_mlp
 from user_models import _write_pid
 
 

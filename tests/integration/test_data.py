@@ -7,7 +7,9 @@ import shutil
 import pytest
 
 from ray_ddp import run
-from ray_ddp.datasets import inspect_table, load_table, write_synthetic
+from ray_ddp.data.table_stats import inspect_table
+from ray_ddp.data.tables import load_table
+from ray_ddp.data.synth_files import write_synthetic
 
 from ._runs import rows_of, run_in_thread, small, summary_of
 

@@ -4,9 +4,10 @@ checked here again from the files its runs left."""
 import pytest
 import torch
 
-from ray_ddp.checkpoint import MODEL_FILE, weights_hash
-from ray_ddp.demos import run_demo
-from ray_ddp.models import ToyModel, ToyMpModel
+from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.checkpoint.verify import weights_hash
+from ray_ddp.driver.demos import run_demo
+from ray_ddp.models.builtin import ToyModel, ToyMpModel
 
 from ._runs import final_hashes, rows_of
 

@@ -11,10 +11,11 @@ import tempfile
 import pytest
 import torch
 
-from ray_ddp.checkpoint import MODEL_FILE, weights_hash
-from ray_ddp.cli import main
-from ray_ddp.models import build_mlp
-from ray_ddp.sharded import read_model_state
+from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.checkpoint.verify import weights_hash
+from ray_ddp.cli.main import main
+from ray_ddp.models.builtin import build_mlp
+from ray_ddp.checkpoint.sharded import read_model_state
 
 from ._runs import final_hashes, rows_of, run_in_thread, small, summary_of
 from .test_recovery import progress_step, wait_for

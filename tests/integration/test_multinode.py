@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from ray_ddp import TrainConfig
-from ray_ddp.checkpoint import MODEL_FILE
+from ray_ddp.checkpoint.format import MODEL_FILE
 
 from ._cluster import LoopbackCluster, loopback_cluster
 from ._runs import run_in_thread, summary_of

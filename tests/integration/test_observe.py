@@ -10,8 +10,8 @@ import matplotlib.image
 import pytest
 
 from ray_ddp import run
-from ray_ddp.cli import main
-from ray_ddp.runs import write_report
+from ray_ddp.cli.main import main
+from ray_ddp.observe.report import write_report
 
 from ._runs import small
 
@@ -63,7 +63,7 @@ def tensorboard_tags(run_dir) -> set[str]:
 
 
 def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(ray_local, storage, tmp_path):
-    from ray_ddp.datasets import write_synthetic
+    from ray_ddp.data.synth_files import write_synthetic
 
     write_synthetic(str(tmp_path / "val"), rows=50, features=10, targets=5)  # synthetic's shape
     lines = []

@@ -16,8 +16,9 @@ import time
 import pytest
 
 from ray_ddp import ConfigError, TrainingError, run
-from ray_ddp.checkpoint import MODEL_FILE, find_latest_checkpoint
-from ray_ddp.runs import list_runs
+from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.checkpoint.verify import find_latest_checkpoint
+from ray_ddp.observe.runs import list_runs
 from ray_ddp.storage import resolve_storage
 
 from ._runs import final_hashes, rows_of, small
@@ -85,7 +86,7 @@ def test_weights_made_infinite_by_an_epochs_last_step_are_never_checkpointed(ray
 
 
 def test_status_is_not_left_running_when_the_driver_dies_of_another_error(ray_local, tmp_path):
-    from ray_ddp.storage import StorageError
+    from ray_ddp.errors import StorageError
 
     storage, name = tmp_path, "driver-error"
     (storage / name / "progress.json").mkdir(parents=True)  # unreadable: a storage failure

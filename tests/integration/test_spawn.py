@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ray_ddp import ProcessFailed, spawn
-from ray_ddp.spawn import launch
+from ray_ddp.launch.launch import launch
 
 pytestmark = pytest.mark.ray
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -72,8 +72,8 @@ def test_each_process_gets_the_env_init_method_variables(ray_local):
 
 def test_waiting_for_a_placement_is_bounded(ray_local):
     from ray_ddp import ConfigError
-    from ray_ddp.devices import PlacementConfig
-    from ray_ddp.spawn import _start_group
+    from ray_ddp.cluster.placement import PlacementConfig
+    from ray_ddp.launch.spawn import _start_group
 
     too_big = PlacementConfig(workers=1, gpus_per_worker=0, cpus_per_worker=64, backend="gloo")
     with pytest.raises(ConfigError, match=r"could not place the processes within 1 s: the job needs "

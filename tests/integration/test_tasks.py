@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ray_ddp import TrainingError, run
-from ray_ddp.datasets import write_synthetic
-from ray_ddp.models import build_mlp
+from ray_ddp.data.synth_files import write_synthetic
+from ray_ddp.models.builtin import build_mlp
 
 from ._runs import rows_of, small
 

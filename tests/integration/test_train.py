@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from ray_ddp import ConfigError, run
-from ray_ddp.checkpoint import META_FILE, MODEL_FILE, STATE_FILE, find_latest_checkpoint
+from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, STATE_FILE
+from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.storage import resolve_storage
 
 from ._runs import final_hashes, rows_of, small
@@ -83,8 +84,8 @@ def test_checkpoint_loads_into_a_fresh_toy_model_without_ray_ddp(full_run):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(10 * 10 + 10 + 10 * 5 + 5)
     # and those are the weights every rank ended with
-    from ray_ddp.checkpoint import weights_hash
-    from ray_ddp.models import ToyModel
+    from ray_ddp.checkpoint.verify import weights_hash
+    from ray_ddp.models.builtin import ToyModel
 
     model = ToyModel()
     model.load_state_dict(torch.load(f"{full_run.checkpoint}/{MODEL_FILE}", weights_only=True))
@@ -139,8 +140,8 @@ def test_gpus_asked_for_on_a_cpu_cluster_fail_fast(ray_local, storage):
 
 
 def test_waiting_for_nodes_gives_up_after_the_bound(ray_local):
-    from ray_ddp.devices import plan_placement
-    from ray_ddp.cluster import describe_need, wait_for_autoscaler
+    from ray_ddp.cluster.placement import plan_placement
+    from ray_ddp.cluster.preflight import describe_need, wait_for_autoscaler
 
     too_many = plan_placement(64, 0, None, [0])  # the shared local Ray has 8 CPUs
     said = []

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ray_ddp import ConfigError, TrainConfig, TrainingError, run
-from ray_ddp.checkpoint import MODEL_FILE
+from ray_ddp.checkpoint.format import MODEL_FILE
 
 from ._runs import rows_of
 

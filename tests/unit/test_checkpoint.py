@@ -8,12 +8,12 @@ import textwrap
 import pytest
 import torch
 
-from ray_ddp.checkpoint import (MODEL_FILE, STATE_FILE, CheckpointError, TrainState, capture_rng,
-                                find_latest_checkpoint, load_checkpoint, save_checkpoint,
-                                snapshot_checkpoint, verify_checkpoint, weights_hash,
-                                write_checkpoint)
-from ray_ddp.config import TrainConfig
-from ray_ddp.models import ToyModel
+from ray_ddp.checkpoint.format import MODEL_FILE, STATE_FILE, TrainState, capture_rng, save_checkpoint, snapshot_checkpoint, write_checkpoint
+from ray_ddp.errors import CheckpointError
+from ray_ddp.checkpoint.verify import find_latest_checkpoint, verify_checkpoint, weights_hash
+from ray_ddp.checkpoint.load import load_checkpoint
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.models.builtin import ToyModel
 from ray_ddp.storage import resolve_storage
 
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from ray_ddp.loop import weights_are_finite
+from ray_ddp.worker.checks import weights_are_finite
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
@@ -34,7 +34,7 @@ def test_finite_weights_whose_sum_overflows_are_finite():
 
 
 def test_the_controller_polls_every_second_during_a_run_unless_the_user_chose(monkeypatch):
-    from ray_ddp.worker_env import train_controller_env
+    from ray_ddp.cluster.runtime_env import train_controller_env
 
     monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
     with train_controller_env():

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ray_ddp.cli import main
+from ray_ddp.cli.main import main
 
 
 @pytest.fixture

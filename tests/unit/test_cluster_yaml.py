@@ -9,7 +9,7 @@ import jsonschema
 import ray
 import yaml
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config.train import TrainConfig
 
 ROOT = pathlib.Path(__file__).parents[2]
 

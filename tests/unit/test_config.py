@@ -4,8 +4,10 @@ import math
 
 import pytest
 
-from ray_ddp.cli import build_parser, config_from_args
-from ray_ddp.config import ConfigError, TrainConfig, render_flag_table
+from ray_ddp.cli.main import build_parser, config_from_args
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.config.flags import render_flag_table
 
 
 def parse(argv):
@@ -91,8 +93,8 @@ def test_readme_flag_table_is_generated_from_the_fields():
 
 
 def test_workers_takes_a_number_or_an_elastic_range_from_flags_yaml_and_python(tmp_path):
-    from ray_ddp.cli import build_parser, config_from_args
-    from ray_ddp.config import worker_range
+    from ray_ddp.cli.main import build_parser, config_from_args
+    from ray_ddp.config.workers import worker_range
 
     (tmp_path / "elastic.yaml").write_text('workers: "2-8"\n')
     (tmp_path / "bare.yaml").write_text("workers: 2-8\n")  # YAML reads this as the string too

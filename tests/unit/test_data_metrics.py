@@ -3,9 +3,11 @@
 import pyarrow as pa
 import torch
 
-from ray_ddp.data import SyntheticSource, accumulation_for, part_span, synthetic_rows, teacher_weights
-from ray_ddp.driver import describe_startup
-from ray_ddp.metrics import SCHEMA, summarize_metrics, unpack_windows
+from ray_ddp.data.synth import SyntheticSource, synthetic_rows, teacher_weights
+from ray_ddp.data.sources import accumulation_for, part_span
+from ray_ddp.driver.summary import describe_startup
+from ray_ddp.observe.schema import SCHEMA, unpack_windows
+from ray_ddp.observe.summarize import summarize_metrics
 
 
 def test_rows_repeat_exactly_and_differ_across_steps_and_epochs():
@@ -88,7 +90,7 @@ def test_startup_slices_add_up_to_the_first_step_of_this_runs_rank_0():
 def test_only_a_processs_first_run_counts_the_interpreter_start(monkeypatch):
     import time
 
-    from ray_ddp import driver
+    from ray_ddp.driver import run as driver
 
     monkeypatch.setattr(driver, "_RUNS_IN_THIS_PROCESS", 0)
     now = time.time()

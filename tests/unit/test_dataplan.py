@@ -4,11 +4,14 @@ validation rows; and one line for data that cannot serve the task asked for (no 
 import pytest
 import torch
 
-from ray_ddp.cli import main
-from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.dataplan import fit_batch_to, fit_data_to, fit_to_world, inspect_data
-from ray_ddp.datasets import inspect_table, load_table, write_synthetic
-from ray_ddp.inputs import ValSet, split_rows
+from ray_ddp.cli.main import main
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.data.plan import fit_batch_to, fit_data_to, fit_to_world, inspect_data
+from ray_ddp.data.table_stats import inspect_table
+from ray_ddp.data.tables import load_table
+from ray_ddp.data.synth_files import write_synthetic
+from ray_ddp.data.inputs import ValSet, split_rows
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def test_synth_writes_classification_and_lm_sets(tmp_path, capsys):
 
 
 def test_a_resume_where_the_data_decides_the_steps_may_change_them():
-    from ray_ddp.driver import _check_resumable
+    from ray_ddp.driver.start import _check_resumable
 
     meta = {"config": {"model": "python:Net", "steps_per_epoch": 6}}
     cfg = TrainConfig(model="python:Net", steps_per_epoch=12, name="r")  # another world size

@@ -5,9 +5,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ray_ddp.cli import main
-from ray_ddp.data import epoch_order, rows_of_step, steps_for_rows
-from ray_ddp.datasets import inspect_table, load_table, write_synthetic
+from ray_ddp.cli.main import main
+from ray_ddp.data.sources import epoch_order, rows_of_step, steps_for_rows
+from ray_ddp.data.table_stats import inspect_table
+from ray_ddp.data.tables import load_table
+from ray_ddp.data.synth_files import write_synthetic
 
 
 def test_synth_writes_a_learnable_set_in_several_files(tmp_path, capsys):

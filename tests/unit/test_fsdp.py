@@ -8,12 +8,13 @@ import torch
 from torch import nn
 
 from ray_ddp import ConfigError, TrainConfig
-from ray_ddp.checkpoint import META_FILE, MODEL_FILE, TrainState, verify_checkpoint, weights_hash
-from ray_ddp.export import export_model
-from ray_ddp.fsdp import check_fsdp_wrap, shard_model, shard_units
-from ray_ddp.inputs import ValSet
-from ray_ddp.models import GPT, build_mlp
-from ray_ddp.sharded import ShardedCheckpointWriter, load_sharded_checkpoint, read_model_state
+from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, TrainState
+from ray_ddp.checkpoint.verify import verify_checkpoint, weights_hash
+from ray_ddp.checkpoint.export import export_model
+from ray_ddp.parallel.fsdp import check_fsdp_wrap, shard_model, shard_units
+from ray_ddp.data.inputs import ValSet
+from ray_ddp.models.builtin import GPT, build_mlp
+from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter, load_sharded_checkpoint, read_model_state
 
 import pyarrow.fs as pafs
 from flaky_fs import FlakyHandler
@@ -126,7 +127,7 @@ def test_a_sharded_checkpoint_is_whole_reloads_exactly_and_exports(one_rank_grou
 
 
 def test_fsdp_on_cpu_workers_returns_freed_gather_buffers_to_the_os(monkeypatch):
-    from ray_ddp.worker_env import worker_runtime_env
+    from ray_ddp.cluster.runtime_env import worker_runtime_env
 
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     env = worker_runtime_env(fsdp(gpus_per_worker=0))

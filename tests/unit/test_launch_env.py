@@ -5,8 +5,8 @@ the device it then picks, for GPU groups of one and two nodes, GPU pairs and CPU
 import pytest
 import torch
 
-from ray_ddp.spawn import select_devices
-from ray_ddp.worker_env import PROCESS_DEVICES_ENV, plan_node_env
+from ray_ddp.launch.devices import select_devices
+from ray_ddp.launch.env import PROCESS_DEVICES_ENV, plan_node_env
 
 
 def node_view(env):

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.models import ToyModel, ToyMpModel, build_model, check_model, model_stages
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.models.builtin import ToyModel, ToyMpModel
+from ray_ddp.models.build import build_model, check_model, model_stages
 
 CPU = torch.device("cpu")
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from ray_ddp.config import ConfigError
-from ray_ddp.devices import plan_placement
+from ray_ddp.errors import ConfigError
+from ray_ddp.cluster.placement import plan_placement
 
 
 @pytest.mark.parametrize("node_gpus, gpw, stages, workers, want_gpw, backend", [
@@ -50,7 +50,7 @@ def test_nccl_without_gpus_is_refused():
 
 
 # --- preflight slot arithmetic (what the cluster holds now, what its autoscaler can add) ---
-from ray_ddp.cluster import UNLIMITED, autoscaler_slots, count_slots, describe_have, describe_need
+from ray_ddp.cluster.preflight import UNLIMITED, autoscaler_slots, count_slots, describe_have, describe_need
 
 
 def test_slots_need_every_gpu_of_a_worker_on_one_node():

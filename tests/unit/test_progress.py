@@ -4,8 +4,8 @@ import io
 import time
 from contextlib import redirect_stdout
 
-from ray_ddp.metrics import StragglerState
-from ray_ddp.progress import show_progress
+from ray_ddp.observe.stragglers import StragglerState
+from ray_ddp.driver.progress import show_progress
 from ray_ddp.storage import resolve_storage, write_json
 
 

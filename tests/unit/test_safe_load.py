@@ -11,10 +11,12 @@ import pytest
 import torch
 import pyarrow.fs as pafs
 
-from ray_ddp.checkpoint import META_FILE, STATE_FILE, CheckpointError, TrainState, file_fingerprint
-from ray_ddp.cli import main
-from ray_ddp.sharded import DCP_METADATA, ShardedCheckpointWriter, load_sharded_checkpoint, \
-    read_dcp_metadata
+from ray_ddp.checkpoint.format import META_FILE, STATE_FILE, TrainState
+from ray_ddp.errors import CheckpointError
+from ray_ddp.checkpoint.verify import file_fingerprint
+from ray_ddp.cli.main import main
+from ray_ddp.checkpoint.sharded import DCP_METADATA, ShardedCheckpointWriter, load_sharded_checkpoint
+from ray_ddp.checkpoint.safe_load import read_dcp_metadata
 
 from .test_fsdp import sharded_gpt
 

@@ -9,9 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from flaky_fs import flaky_fs
-from ray_ddp.metrics import SCHEMA, MetricsCallback
-from ray_ddp.storage import (METRICS_FILE, StorageError, read_json, read_table, write_json,
-                             write_table)
+from ray_ddp.observe.schema import SCHEMA
+from ray_ddp.observe.callback import MetricsCallback
+from ray_ddp.storage import METRICS_FILE, read_json, read_table, write_json, write_table
+from ray_ddp.errors import StorageError
 
 
 def test_transient_read_and_write_errors_are_retried(tmp_path):

@@ -15,9 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.data import StreamSource, part_bounds, steps_for_rows
-from ray_ddp.datasets import inspect_table, list_row_groups, row_group_reader, write_synthetic
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.data.sources import StreamSource, part_bounds, steps_for_rows
+from ray_ddp.data.table_stats import inspect_table
+from ray_ddp.data.tables import list_row_groups, row_group_reader
+from ray_ddp.data.synth_files import write_synthetic
 
 ROWS = 1003
 
@@ -180,9 +183,9 @@ def make_label_groups(rows, classes):
 _PEAK_SCRIPT = """
 import json, resource, sys
 import pyarrow as pa, torch
-from ray_ddp.config import TrainConfig
-from ray_ddp.dataplan import fit_batch_to, fit_data_to, inspect_data
-from ray_ddp.inputs import build_inputs
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.data.inputs import build_inputs
 
 def start(data, **kw):
     # what a --stream run does before its first step: the driver's check, then a worker's source
@@ -272,7 +275,7 @@ def test_counts_from_the_footers_match_the_whole_column(tmp_path, task, statisti
 
 
 def test_given_counts_stand_in_for_missing_statistics_and_reading_checks_them(tmp_path, monkeypatch):
-    import ray_ddp.datasets as datasets
+    import ray_ddp.data.table_stats as datasets
 
     write_groups(tmp_path / "labels.parquet", make_label_groups(100, 5), 6, statistics=False)
     write_groups(tmp_path / "tokens.parquet", make_token_groups(100, 9, 40), 6, statistics=False)

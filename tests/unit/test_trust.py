@@ -11,11 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.dataplan import inspect_data
-from ray_ddp.metrics import rank_mean, summarize_report
-from ray_ddp.models import check_model
-from ray_ddp.tasks import TargetShapeError, build_task
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.data.plan import inspect_data
+from ray_ddp.observe.schema import rank_mean
+from ray_ddp.observe.summarize import summarize_report
+from ray_ddp.models.build import check_model
+from ray_ddp.errors import TargetShapeError
+from ray_ddp.tasks import build_task
 
 
 def test_a_target_of_shape_n_is_paired_with_an_output_of_one_column():
@@ -95,8 +98,8 @@ def test_keep_best_is_left_to_the_driver_that_knows_about_val_data():
 
 
 def test_bucket_view_gradients_are_zeroed_in_place(one_rank_group):
-    from ray_ddp.devices import wrap_ddp
-    from ray_ddp.loop import TrainParts
+    from ray_ddp.parallel.ddp import wrap_ddp
+    from ray_ddp.worker.parts import TrainParts
 
     model = nn.Linear(4, 2)
     ddp = wrap_ddp(model, [torch.device("cpu")], bucket_view=True)
@@ -115,7 +118,7 @@ def test_bucket_view_gradients_are_zeroed_in_place(one_rank_group):
 
 
 def test_only_the_last_epochs_end_writes_the_whole_model():
-    from ray_ddp.loop import is_final_save
+    from ray_ddp.worker.loop import is_final_save
 
     cfg = TrainConfig(epochs=3)
     assert is_final_save(cfg, epoch=2, epoch_end=True)
@@ -124,7 +127,7 @@ def test_only_the_last_epochs_end_writes_the_whole_model():
 
 
 def test_restart_rules_for_lost_workers_preempted_nodes_and_repeats():
-    from ray_ddp.failures import FailureSummary, RestartState
+    from ray_ddp.driver.failures import FailureSummary, RestartState
 
     lost = FailureSummary(1, "10.0.0.7", "process", "its process 7 died", node_id="b")
     bug = FailureSummary(0, "10.0.0.6", None, "ValueError: bad batch", node_id="a")

@@ -2,8 +2,8 @@
 
 import torch
 
-from ray_ddp.devices import wrap_ddp
-from ray_ddp.models import build_mlp
+from ray_ddp.parallel.ddp import wrap_ddp
+from ray_ddp.models.builtin import build_mlp
 
 
 def gradients_after_a_step(bucket_view: bool = True, **options):

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from flaky_fs import flaky_fs
-from ray_ddp.checkpoint import MODEL_FILE, TrainState, verify_checkpoint
-from ray_ddp.models import ToyModel
-from ray_ddp.writer import CheckpointWriter
+from ray_ddp.checkpoint.format import MODEL_FILE, TrainState
+from ray_ddp.checkpoint.verify import verify_checkpoint
+from ray_ddp.models.builtin import ToyModel
+from ray_ddp.checkpoint.writer import CheckpointWriter
 
 
 def test_a_failed_upload_keeps_its_copy_for_the_retry(tmp_path):

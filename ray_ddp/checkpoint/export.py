@@ -1,0 +1,110 @@
+"""`ray-ddp export`: a checkpoint's model as one plain ``state_dict`` file.
+
+Runs on the driver (any machine that reaches the storage), with no Ray and no process
+group. A DDP checkpoint already holds ``model.pt``: it is checked and copied. A sharded
+(FSDP) checkpoint holds each rank's shards: they are read back into whole tensors. Either
+way the file loads with ``torch.load(path, weights_only=True)`` into the bare model,
+without ray_ddp. The file appears whole or not at all (written beside, then renamed).
+A checkpoint that would need unpickling to read (pickled objects in model.pt, a
+``.metadata`` naming classes DCP's metadata is not made of) is refused in one line.
+
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Iterator, Optional
+import pyarrow.fs as pafs
+import torch
+from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, checkpoint_dir_name
+from ray_ddp.errors import CheckpointError
+from ray_ddp.checkpoint.verify import checkpoint_file_problem, find_latest_checkpoint
+from ray_ddp.checkpoint.load import load_tensors
+from ray_ddp.errors import ConfigError
+from ray_ddp.checkpoint.safe_load import DCP_METADATA
+from ray_ddp.checkpoint.sharded import read_model_state
+from ray_ddp.storage import read_json, resolve_storage
+
+
+@dataclass
+class ExportSummary:
+    """What `ray-ddp export` wrote."""
+
+    run: str
+    checkpoint: str  # the step folder's name
+    out: str
+    tensors: int
+    parameters: int  # elements of all tensors (buffers included)
+    sharded: bool  # consolidated from FSDP shards (else a DDP model.pt, copied)
+
+    def text(self) -> str:
+        source = "consolidated from its shards" if self.sharded else "copied"
+        return (f"exported {self.checkpoint} of run {self.run} ({source}): {self.tensors} tensors, "
+                f"{self.parameters:,} values -> {self.out}")
+
+
+def export_model(run: str, storage: str, step: Optional[int] = None, out: Optional[str] = None) -> ExportSummary:
+    """Write the model of run ``run``'s checkpoint at ``step`` (default: the newest whole
+    one) to ``out`` (default: ``<run>-step-<N>.pt`` in the current folder)."""
+    store = resolve_storage(storage)
+    run_path = store.run_path(run)
+    scan = find_latest_checkpoint(store.fs, run_path, verify_crc=step is None)
+    if scan.newest is None:
+        raise ConfigError(f"run {run} has no checkpoint under {store.uri}; `ray-ddp runs --storage "
+                          f"{storage}` lists the runs there")
+    if step is None:
+        if scan.latest is None:
+            broken = "; ".join(f"{name}: {problem}" for name, problem in scan.broken)
+            raise ConfigError(f"run {run} has no whole checkpoint ({broken})")
+        dir_name, meta = scan.latest, scan.meta
+    else:
+        dir_name = checkpoint_dir_name(step)
+        meta = read_json(store.fs, f"{run_path}/{dir_name}/{META_FILE}")
+        if meta is None:
+            raise ConfigError(f"run {run} has no checkpoint at step {step}; its newest is "
+                              f"{scan.newest} (pass --step with one of its step-* numbers)")
+        problem = checkpoint_file_problem(store.fs, f"{run_path}/{dir_name}", meta, verify_crc=True)
+        if problem is not None:
+            raise ConfigError(f"checkpoint {dir_name} of run {run} is unusable: {problem}")
+    target = os.path.abspath(out or f"{run}-{dir_name}.pt")
+    if not os.path.isdir(os.path.dirname(target)):
+        raise ConfigError(f"--out {out}: folder {os.path.dirname(target)} does not exist")
+    files = meta["files"]
+    sharded = MODEL_FILE not in files
+    if sharded and DCP_METADATA not in files:
+        raise ConfigError(f"checkpoint {dir_name} of run {run} holds no model (neither {MODEL_FILE} "
+                          "nor shards)")
+    with local_copy(store, f"{run_path}/{dir_name}", [MODEL_FILE] if not sharded else list(files)) as folder:
+        try:
+            state = read_model_state(folder) if sharded else load_tensors(os.path.join(folder, MODEL_FILE))
+        except CheckpointError as err:  # the user's to act on: the CLI's one line and exit 2
+            raise ConfigError(f"checkpoint {dir_name} of run {run}: {err}") from None
+    partial = f"{target}.partial-{os.getpid()}"
+    try:
+        torch.save(state, partial)
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return ExportSummary(run=run, checkpoint=dir_name, out=target, tensors=len(state),
+                         parameters=sum(t.numel() for t in state.values()), sharded=sharded)
+
+
+@contextlib.contextmanager
+def local_copy(store, path: str, names: list[str]) -> Iterator[str]:
+    """The checkpoint folder on the local disk: itself if the storage is local, else a
+    temporary copy of ``names``, removed afterwards."""
+    if store.is_local:
+        yield path
+        return
+    tmp = tempfile.mkdtemp(prefix="ray_ddp_export_")
+    try:
+        for name in names:
+            pafs.copy_files(f"{path}/{name}", os.path.join(tmp, name), source_filesystem=store.fs)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

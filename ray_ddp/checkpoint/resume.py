@@ -1,0 +1,50 @@
+"""Which checkpoint a worker resumes from: the one the driver checked and announced,
+or, after a restart within the run, the newer one Ray hands back. Runs on workers.
+"""
+
+from __future__ import annotations
+
+import ray
+import ray.train
+import ray.train.torch
+import torch
+from torch import nn
+from ray_ddp.errors import CheckpointError
+from ray_ddp.checkpoint.format import TrainState
+from ray_ddp.checkpoint.load import load_checkpoint
+from ray_ddp.checkpoint.verify import verify_checkpoint
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, load_sharded_checkpoint
+from ray_ddp.storage import resolve_storage
+
+
+def load_checkpoint_to_resume(cfg: TrainConfig, loop_config: dict, model: nn.Module,
+                              optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
+    """Load into the bare model the checkpoint the driver checked and announced
+    (``resume_from``), or, after a restart within this run, the newer one Ray hands back
+    (newer than any that existed when the run began); a fresh TrainState if neither.
+    Every file is checked against its meta.json (size and CRC-32) before it is loaded."""
+    store = resolve_storage(cfg.storage)
+    candidates = []
+    latest = ray.train.get_checkpoint()
+    if latest is not None and _dir_name(latest.path) > (loop_config["newest_at_start"] or ""):
+        candidates.append(latest)  # written by this run before a worker died
+    if loop_config["resume_from"] is not None:
+        path = f"{store.run_path(cfg.name)}/{loop_config['resume_from']}"
+        candidates.append(ray.train.Checkpoint(path, store.fs))
+    problems = []
+    for checkpoint in candidates:
+        with checkpoint.as_directory() as directory:
+            sharded = is_sharded_checkpoint(directory)
+            problem = verify_checkpoint(directory, shards_by_size=sharded)
+            if problem is None:
+                load = load_sharded_checkpoint if sharded else load_checkpoint
+                return load(directory, model, optimizer, stateful)
+        problems.append(f"{_dir_name(checkpoint.path)}: {problem}")
+    if problems:
+        raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))
+    return TrainState()
+
+
+def _dir_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]

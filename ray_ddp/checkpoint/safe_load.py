@@ -1,0 +1,132 @@
+"""Reading DCP's files without running code: ``.metadata`` through an unpickler that
+admits only torch.distributed.checkpoint's metadata classes and plain containers, and
+every other entry ``weights_only``; anything else is refused in one line.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import io
+import os
+import pickle
+import re
+from typing import Any, NoReturn, Optional
+import torch
+from ray_ddp.errors import CheckpointError
+
+DCP_METADATA = ".metadata"
+
+NON_TENSORS = "non_tensor_state"  # train_state.pt's key for what DCP does not write
+
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata``, admitting only the classes DCP builds it of: those
+    of ``torch.distributed.checkpoint.metadata``, the file reader's ``_StorageInfo``,
+    torch's Size, dtypes and layouts, the checkpoint's path, and plain containers. Any
+    other class (os.system, builtins.open, ...) is refused before it is looked up."""
+
+    ADMITTED = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"), ("builtins", "set"),
+                ("builtins", "frozenset"), ("builtins", "bytearray"), ("builtins", "complex")}
+
+    def __init__(self, file, path: str):
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if self._admits(module, name):
+            return super().find_class(module, name)
+        refuse(self.path, f"{module}.{name}", "checkpoint metadata")
+
+    def _admits(self, module: str, name: str) -> bool:
+        if (module, name) in self.ADMITTED:
+            return True
+        if module == "torch":
+            return isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format))
+        if module == "torch.distributed.checkpoint.metadata":
+            obj = getattr(importlib.import_module(module), name, None)
+            return isinstance(obj, type) and obj.__module__ == module
+        return False
+
+
+def read_dcp_metadata(path: str) -> Any:
+    """A ``.metadata`` file's Metadata, read by MetadataUnpickler."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        with open(path, "rb") as f:
+            metadata = MetadataUnpickler(f, path).load()
+    except CheckpointError:
+        raise
+    except Exception as err:  # truncated or not a pickle at all
+        raise CheckpointError(f"cannot load {path}: {type(err).__name__}: {err}") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"refusing to load {path}: it holds a {type(metadata).__name__}, "
+                              "not DCP's Metadata")
+    return metadata
+
+
+def load_weights_only(value: io.BytesIO, what: str) -> Any:
+    """An entry DCP pickled (``torch.save``), loaded ``weights_only``, or refused."""
+    try:
+        return torch.load(value, map_location="cpu", weights_only=True)
+    except Exception as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        refuse(what, found.group(1) if found else "a class weights_only refuses", "a tensor or a plain value")
+
+
+def refuse(what: str, name: str, admitted: str) -> NoReturn:
+    """The one line a refused file gets: which file, which class, what to do."""
+    raise CheckpointError(
+        f"refusing to load {what}: it names {name}, which is not {admitted} (unpickling it could "
+        "run code; nothing was loaded); restore this checkpoint from a copy you trust, or delete its folder"
+    ) from None
+
+
+@functools.cache
+def _weights_only_dcp() -> tuple[type, type]:
+    """DCP's file reader and load planner, less the unpickling: the reader reads
+    ``.metadata`` with MetadataUnpickler (once: ``load_shards`` reads it before DCP
+    does), the planner loads non-tensor entries with ``weights_only=True`` (DCP's own
+    uses ``weights_only=False``). Built on first use: importing DCP takes the CLI most
+    of a second."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(dcp.FileSystemReader):
+        def __init__(self, path: str):
+            super().__init__(path)
+            self.metadata_by_rank: dict[Optional[int], Any] = {}  # None: .metadata
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")  # DCP asks for rank-local metadata if .metadata fails
+            if rank not in self.metadata_by_rank:
+                name = DCP_METADATA if rank is None else f"__{rank}{DCP_METADATA}"
+                metadata = read_dcp_metadata(os.path.join(self.path, name))
+                metadata.storage_meta = metadata.storage_meta or StorageMeta()
+                metadata.storage_meta.load_id = self.load_id
+                self.metadata_by_rank[rank] = metadata
+            return self.metadata_by_rank[rank]
+
+        def reset(self, checkpoint_id: Any = None) -> None:
+            super().reset(checkpoint_id)
+            self.metadata_by_rank = {}
+
+    class Planner(dcp.DefaultLoadPlanner):
+        def __init__(self, directory: str):
+            super().__init__()
+            self.directory = directory
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
+            obj = load_weights_only(value, f"entry {fqn} of the shards in {self.directory}")
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return Reader, Planner

@@ -1,0 +1,70 @@
+"""Rank 0's checkpoint writer: the training thread copies the state into host memory, and
+Ray's upload thread writes that copy into run storage while training goes on. Runs on a
+worker (rank 0).
+
+The copy's memory is reused by the next checkpoint (hundreds of MB are not allocated
+again at every epoch) only once its own upload has succeeded: Ray retries a failed upload
+with the same copy, and a copy refilled meanwhile would write a torn file whose CRC-32
+(counted from the bytes as they go out) still matched.
+
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Optional
+import pyarrow.fs as pafs
+from torch import nn
+import torch
+from ray_ddp.checkpoint.format import CheckpointSnapshot, TrainState, snapshot_checkpoint, write_checkpoint
+
+
+class CheckpointWriter:
+    """Snapshots on the training thread, writes on the upload thread, one at a time."""
+
+    def __init__(self, fs: pafs.FileSystem, path_for: Callable[[str], str]):
+        self.fs, self.path_for = fs, path_for
+        self._idle = threading.Event()  # set while the newest snapshot's upload is not running
+        self._idle.set()
+        self._latest: Optional[CheckpointSnapshot] = None
+        self._reusable: Optional[CheckpointSnapshot] = None  # written for good: free memory
+
+    def idle(self) -> bool:
+        return self._idle.is_set()
+
+    def snapshot(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+                 config: dict[str, Any], rank: int, stateful: dict[str, Any]) -> CheckpointSnapshot:
+        """Wait for the previous upload (the only wait training has), then copy the state."""
+        self._idle.wait()
+        self._idle.clear()
+        reuse, self._reusable = self._reusable, None
+        self._latest = snapshot_checkpoint(model, optimizer, state, config, rank, stateful, reuse=reuse)
+        return self._latest
+
+    def write(self, snapshot: CheckpointSnapshot, dir_name: str) -> str:
+        """Write ``snapshot`` into the run's ``dir_name`` folder; returns its path. Called
+        on Ray's upload thread, perhaps again for the same snapshot when Ray retries."""
+        try:
+            _lower_thread_priority()  # the training thread comes first for the CPU
+            path = self.path_for(dir_name)
+            write_checkpoint(path, snapshot, self.fs)
+        except BaseException:
+            self._finished(snapshot)  # not reusable: a retry may still read it
+            raise
+        self._reusable = snapshot
+        self._finished(snapshot)
+        return path
+
+    def _finished(self, snapshot: CheckpointSnapshot) -> None:
+        if snapshot is self._latest:  # a late retry of an older one says nothing of the newest
+            self._idle.set()
+
+
+def _lower_thread_priority() -> None:
+    """Raise this thread's nice value (Linux sets it per thread); anywhere else, or if
+    refused, leave it as it is."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass

@@ -1,0 +1,90 @@
+"""The environment Ray gives the training workers and Ray Train's controller: the one
+place that names it. Runs on the driver (the runtime_env goes to Ray with the trainer).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+from ray_ddp.config.train import TrainConfig
+
+
+# FSDP on CPU gathers each unit's parameters (and reduces its gradients) through fresh
+# host buffers, layer after layer. glibc raises its mmap threshold to the largest block
+# freed so far, so from the second step on these buffers come from the heap, which holds
+# on to them: FSDP then peaks above DDP on host memory, the one thing it is for. A fixed
+# threshold returns every block of 1 MiB or more on free (benchmarks/fsdp_memory.py
+# shows both figures); on GPU the buffers live in CUDA memory and nothing is set. A value
+# in the driver's environment wins.
+FSDP_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+
+
+def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[str, Any]:
+    """The one place that sets workers' environment: a user model, dataset, loss or
+    collate function (``package.module:callable``, or an object the Python API passed,
+    which cloudpickle ships by reference to its module) must import on the workers as it
+    did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV)."""
+    specs = [spec for spec in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)
+             if spec and ":" in spec and not spec.startswith("python:")]
+    modules = [spec.split(":")[0] for spec in specs] + [_module_of(obj) for obj in objects]
+    modules = [m for m in modules if m]
+    env = importable_env(*modules) if modules else {}
+    if cfg.strategy == "fsdp" and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        env = {**env, "env_vars": {**env.get("env_vars", {}), **FSDP_MALLOC_ENV}}
+    return env
+
+
+def _module_of(obj: Any) -> str:
+    """The module an object (or, for an instance, its class) was defined in."""
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    module = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
+    return module if module and module != "builtins" else ""
+
+
+# Ray Train's controller polls the workers (their status, their reports) every 2 s by
+# default, so a run's end is seen up to 2 s late, and a report sent sooner than a poll
+# waits for it. ray-ddp polls every second: the cost is one small call per worker per
+# second, the gain a second off the end of every run. Ray hands it from the driver to the
+# controller and the workers; a value in the driver's environment wins.
+TRAIN_CONTROLLER_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1"}
+
+
+@contextmanager
+def train_controller_env() -> Iterator[None]:
+    """TRAIN_CONTROLLER_ENV in this process's environment while a trainer is made and runs
+    (where Ray reads it), as it was before afterwards."""
+    added = {k: v for k, v in TRAIN_CONTROLLER_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def importable_env(*module_names: str) -> dict[str, Any]:
+    """A runtime_env that puts the folder ``module_name`` was imported from on workers'
+    PYTHONPATH (Ray does not ship the driver's sys.path). Under ``ray job submit`` the
+    job's working_dir is there already; on a multi-node cluster the folder must exist on
+    every node, as a shared filesystem or the job's working_dir provides."""
+    import importlib
+
+    roots = []
+    for module_name in module_names:
+        top = module_name.split(".")[0]
+        if top == "__main__":
+            continue  # cloudpickle ships __main__'s functions by value
+        origin = getattr(importlib.import_module(top), "__file__", None)
+        if origin is None:
+            continue
+        root = os.path.dirname(os.path.abspath(origin))
+        if os.path.basename(origin) == "__init__.py":
+            root = os.path.dirname(root)  # a package: its parent folder goes on the path
+        roots.append(root)
+    if not roots:
+        return {}
+    paths = roots + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}

@@ -1,0 +1,138 @@
+"""Every check of a run's options, in one place, run once on the driver: what the
+options alone decide (``validate_config``), what the Python API's objects add
+(``check_objects``), and what the placement adds (``check_devices``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+from ray_ddp.config.choices import AMP_MODES, BACKENDS, BUILTIN_MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, TASKS
+from ray_ddp.config.workers import parse_workers, worker_range
+from ray_ddp.errors import ConfigError
+
+if TYPE_CHECKING:  # checks take a TrainConfig, which calls them: no import at run time
+    from ray_ddp.config.train import TrainConfig
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """What the options alone decide; ConfigError on the first problem."""
+    for name in ("epochs", "steps_per_epoch", "batch_size", "keep", "checkpoint_every",
+                 "report_every", "input_dim", "output_dim", "width", "depth", "grad_accum",
+                 "heads", "seq_len", "vocab_size", "eval_every"):
+        _require_positive(name, getattr(cfg, name))
+    for name in ("cpus_per_worker", "num_classes", "global_batch"):
+        if getattr(cfg, name) is not None:
+            _require_positive(name, getattr(cfg, name))
+    cfg.workers = parse_workers(cfg.workers) if cfg.workers is not None else None
+    if isinstance(cfg.workers, int):
+        _require_positive("workers", cfg.workers)
+    if cfg.global_batch is not None and cfg.grad_accum != 1:
+        raise ConfigError("--global-batch decides the accumulation steps (global batch / "
+                          "(workers x batch-size)); drop --grad-accum")
+    if cfg.bucket_mb is not None and not (math.isfinite(cfg.bucket_mb) and cfg.bucket_mb > 0):
+        raise ConfigError(f"--bucket-mb must be a positive number of MiB, got {cfg.bucket_mb}")
+    elastic = worker_range(cfg.workers)
+    if cfg.static_graph and elastic and elastic[0] < elastic[1]:
+        raise ConfigError(f"--static-graph cannot run elastic (--workers {cfg.workers}): below "
+                          f"{elastic[1]} workers the fixed global batch "
+                          "needs gradient accumulation, which DDP's static graph cannot do; give a "
+                          "fixed --workers or drop --static-graph")
+    if cfg.static_graph and (cfg.grad_accum > 1 or cfg.global_batch is not None):
+        raise ConfigError("--static-graph cannot accumulate gradients (DDP's static graph must "
+                          "all-reduce on its first micro-batch): drop --grad-accum/--global-batch "
+                          "or --static-graph")
+    if cfg.max_preemptions < -1:
+        raise ConfigError("--max-preemptions must be -1 (no limit), 0 or more")
+    if not math.isfinite(cfg.report_interval) or cfg.report_interval < 0:
+        raise ConfigError(f"--report-interval must be 0 or more seconds, got {cfg.report_interval}")
+    if not math.isfinite(cfg.wait_for_resources) or cfg.wait_for_resources < 0:
+        raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {cfg.wait_for_resources}")
+    if cfg.max_failures is not None and cfg.max_failures < -1:
+        raise ConfigError("--max-failures must be -1 (retry forever), 0 or more")
+    if not math.isfinite(cfg.lr) or cfg.lr <= 0:
+        raise ConfigError(f"--lr must be a positive finite number, got {cfg.lr}")
+    if cfg.gpus_per_worker not in (None, 0, 1, 2):
+        raise ConfigError(f"--gpus-per-worker must be 0, 1 or 2, got {cfg.gpus_per_worker}")
+    if cfg.backend not in (None, *BACKENDS):
+        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend}")
+    if cfg.backend == "nccl" and cfg.gpus_per_worker == 0:
+        raise ConfigError("--backend nccl needs GPUs; use --backend gloo with --gpus-per-worker 0")
+    if cfg.amp not in AMP_MODES:
+        raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {cfg.amp}")
+    if cfg.amp == "fp16" and cfg.gpus_per_worker == 0:
+        raise ConfigError("--amp fp16 needs GPUs; on CPU use --amp bf16")
+    if cfg.schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule}")
+    if not math.isfinite(cfg.clip_grad) or cfg.clip_grad < 0:
+        raise ConfigError(f"--clip-grad must be 0 (off) or a positive number, got {cfg.clip_grad}")
+    if cfg.warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps must be 0 or more, got {cfg.warmup_steps}")
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer}")
+    if cfg.model not in BUILTIN_MODELS and ":" not in cfg.model:
+        raise ConfigError(
+            f"unknown model '{cfg.model}'; use one of {', '.join(BUILTIN_MODELS)} "
+            "or package.module:callable"
+        )
+    if cfg.dataset is not None and cfg.data != "synthetic":
+        raise ConfigError("give --data or --dataset, not both")
+    if cfg.stream and cfg.data == "synthetic":
+        raise ConfigError("--stream reads parquet: give --data PATH (synthetic data is never in memory)")
+    if cfg.task not in (None, *TASKS):
+        raise ConfigError(f"--task must be one of {', '.join(TASKS)}, got {cfg.task}")
+    if not (0.0 <= cfg.val_fraction < 1.0):
+        raise ConfigError(f"--val-fraction must be at least 0 and below 1, got {cfg.val_fraction}")
+    if cfg.val_fraction and cfg.val_data is not None:
+        raise ConfigError("give --val-data or --val-fraction, not both")
+    if cfg.val_fraction and cfg.stream:
+        raise ConfigError("--val-fraction splits rows held in memory; with --stream give --val-data")
+    if cfg.strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {cfg.strategy}")
+    if cfg.strategy == "fsdp":
+        _check_fsdp(cfg)
+    elif cfg.fsdp_wrap is not None:
+        raise ConfigError("--fsdp-wrap is for --strategy fsdp; add --strategy fsdp or drop it")
+    if cfg.model == "gpt" and cfg.width % cfg.heads:
+        raise ConfigError(f"--width {cfg.width} must be a multiple of --heads {cfg.heads}")
+    for flag, spec in (("--loss", cfg.loss), ("--collate", cfg.collate)):
+        if spec is not None and ":" not in spec:
+            raise ConfigError(f"{flag} '{spec}' must look like package.module:callable")
+    if cfg.dataset is not None and ":" not in cfg.dataset:
+        raise ConfigError(f"--dataset '{cfg.dataset}' must look like package.module:callable")
+    if cfg.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.name):
+        raise ConfigError(
+            f"--name '{cfg.name}' must be a plain folder name (letters, digits, '.', '_', '-'; "
+            "no path separators or '..')"
+        )
+    if cfg.name is not None and ".." in cfg.name:
+        raise ConfigError(f"--name '{cfg.name}' must not contain '..'")
+
+
+def _check_fsdp(cfg: TrainConfig) -> None:
+    """What FSDP cannot combine with, each refused in one line."""
+    if cfg.model == "toy-mp":
+        raise ConfigError("toy-mp splits the model over a GPU pair by hand; FSDP shards every layer "
+                          "across the ranks instead: use --model toy (or mlp) with --strategy fsdp")
+    if cfg.gpus_per_worker == 2:
+        raise ConfigError("--strategy fsdp gives each worker one GPU (it shards the model across the "
+                          "workers instead); use --gpus-per-worker 1")
+    if cfg.amp == "fp16":
+        raise ConfigError("--strategy fsdp trains in bf16 (FSDP2's mixed precision), not fp16 with "
+                          "a gradient scaler; use --amp bf16")
+    if cfg.find_unused_parameters:
+        raise ConfigError("--find-unused-parameters is a DDP setting; FSDP handles a forward that "
+                          "skips parameters itself: drop the flag")
+    for flag, value in (("--plain-ddp", cfg.plain_ddp), ("--static-graph", cfg.static_graph),
+                        ("--bucket-mb", cfg.bucket_mb)):
+        if value:
+            raise ConfigError(f"{flag} is a DDP setting; drop it with --strategy fsdp")
+    if cfg.fsdp_wrap is not None and not [c for c in cfg.fsdp_wrap.split(",") if c.strip()]:
+        raise ConfigError("--fsdp-wrap needs at least one class name, e.g. torch.nn.TransformerEncoderLayer")
+
+
+def _require_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")

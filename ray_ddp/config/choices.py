@@ -1,0 +1,10 @@
+"""The values some options may take (a sorted few each). Runs on the driver and on
+workers."""
+
+BUILTIN_MODELS = ("toy", "toy-mp", "mlp", "gpt")
+TASKS = ("regression", "classification", "lm")
+OPTIMIZERS = ("sgd", "adamw")
+AMP_MODES = ("off", "bf16", "fp16")
+SCHEDULES = ("constant", "cosine")
+BACKENDS = ("nccl", "gloo")
+STRATEGIES = ("ddp", "fsdp")

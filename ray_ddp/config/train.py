@@ -1,0 +1,265 @@
+"""TrainConfig: every option of a run, its default and its help text (used by the CLI
+and the docs' flag table), and how YAML and dicts become one. Runs on the driver and,
+rebuilt from the plain dict the driver ships, on workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+from ray_ddp.config.checks import validate_config
+from ray_ddp.config.choices import BACKENDS, STRATEGIES, TASKS, AMP_MODES, OPTIMIZERS, SCHEDULES
+from ray_ddp.config.workers import parse_workers
+from ray_ddp.errors import ConfigError
+
+
+def _opt(help: str, **cli: Any) -> Any:
+    """A config field: its default, its help (shared by CLI and docs) and CLI extras."""
+    default = cli.pop("default")
+    return field(default=default, metadata={"help": help, **cli})
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; the single source of defaults and help."""
+
+    # --- model and data ---
+    model: str = _opt(
+        "model: toy, toy-mp (two stages over a device pair), mlp, gpt (a small decoder-only "
+        "transformer, for --task lm), or package.module:callable returning an nn.Module",
+        default="toy",
+    )
+    task: Optional[str] = _opt(
+        "what to learn: regression (mean squared error), classification (cross-entropy over "
+        "integer labels; windows also report accuracy) or lm (next-token cross-entropy; "
+        "perplexity); default: classification when --target is one integer column, lm with "
+        "--model gpt or text data, else regression", default=None, choices=TASKS)
+    num_classes: Optional[int] = _opt("classes of a classification task; default: the largest "
+                                      "label in the data + 1", default=None)
+    loss: Optional[str] = _opt("your own loss: package.module:callable, fn(output, target) -> "
+                               "scalar, the mean over the batch's rows", default=None)
+    collate: Optional[str] = _opt("your own collate function for --dataset: package.module:callable, "
+                                  "fn(list of items) -> (inputs, targets)", default=None)
+    data: str = _opt("training data: synthetic, or a parquet file / folder of parquet files "
+                     "(local path or URI), loaded into each worker's memory (or read in pieces: --stream)",
+                     default="synthetic")
+    features: Optional[str] = _opt("input columns of --data, COL[,COL...] (or one fixed-size list "
+                                   "column); default: f0, f1, ... as `ray-ddp data synth` writes",
+                                   default=None)
+    target: Optional[str] = _opt("target columns of --data, COL[,COL...]; default: t0, t1, ... "
+                                 "(--task lm: none, the targets are the inputs shifted by one token)",
+                                 default=None)
+    stream: bool = _opt("read --data one row group at a time instead of loading it into each "
+                        "worker's memory (for data larger than memory): row groups in a seeded "
+                        "order, rows shuffled within them, a contiguous part per rank", default=False)
+    dataset: Optional[str] = _opt("a user's map-style torch Dataset of (input, target) pairs: "
+                                  "package.module:callable; sharded like --data's rows",
+                                  default=None)
+    val_data: Optional[str] = _opt("validation data: a parquet file / folder (or text, with --task "
+                                   "lm), read like --data", default=None)
+    val_fraction: float = _opt("hold out this fraction of --data / --dataset rows for validation "
+                               "(a split fixed by --seed, never trained on)", default=0.0)
+    eval_every: int = _opt("epochs between validations (the last epoch is always evaluated)", default=1)
+    input_dim: int = _opt("features per synthetic sample (with --data: taken from the columns)",
+                          default=10)
+    output_dim: int = _opt("targets per synthetic sample (with --data: taken from the columns)",
+                           default=5)
+    width: int = _opt("hidden width of the mlp model", default=256)
+    depth: int = _opt("hidden layers of the mlp model; transformer blocks of gpt", default=2)
+    heads: int = _opt("attention heads of the gpt model", default=4)
+    seq_len: int = _opt("tokens per training sequence (--task lm)", default=64)
+    vocab_size: int = _opt("vocabulary of the gpt model (text data is bytes: 256); default: "
+                           "from the data", default=256)
+    sync_batchnorm: bool = _opt("BatchNorm statistics over the global batch "
+                                "(nn.SyncBatchNorm) instead of each rank's own", default=False)
+    find_unused_parameters: bool = _opt("let DDP handle a forward that skips some parameters "
+                                        "(slower; only for models that need it)", default=False)
+    plain_ddp: bool = _opt(
+        "wrap the model in DDP with its defaults, as a plain torchrun script does; without it "
+        "gradients live in DDP's communication buckets (gradient_as_bucket_view: one copy "
+        "less per step, and one gradient-sized buffer less)", default=False)
+    static_graph: bool = _opt(
+        "tell DDP the model runs the same graph every step (static_graph: no control flow that "
+        "changes which parameters a step uses); only for models that keep to that, and without "
+        "gradient accumulation", default=False)
+    bucket_mb: Optional[float] = _opt(
+        "size of DDP's gradient all-reduce buckets in MiB (bucket_cap_mb); default: DDP's 25",
+        default=None)
+    strategy: str = _opt(
+        "data parallelism: ddp (every rank holds the whole model, optimizer state and "
+        "gradients) or fsdp (PyTorch FSDP2: all three sharded across the ranks, so memory per "
+        "rank falls as the world grows; checkpoints are sharded, one file per rank)",
+        default="ddp", choices=STRATEGIES)
+    fsdp_wrap: Optional[str] = _opt(
+        "with --strategy fsdp, the module classes sharded as one unit each, CLASS[,CLASS...] "
+        "(package.module.Class, or a class name found in the model); default: each block of "
+        "gpt, else every direct child of the model holding parameters", default=None)
+    skip_final_model: bool = _opt(
+        "with --strategy fsdp, do not gather the whole model into the last checkpoint's "
+        "model.pt (rank 0 would hold all of it in host memory; `ray-ddp export` makes one "
+        "later)", default=False)
+    # --- placement ---
+    workers: Optional[str] = _opt(
+        "training workers (world size): N, or MIN-MAX for an elastic run that starts once MIN "
+        "fit, grows toward MAX as nodes join and goes on with fewer when nodes leave (each "
+        "change a restart from the latest checkpoint; the global batch stays fixed); default: "
+        "GPUs / gpus-per-worker on a GPU cluster, else 2",
+        default=None, parse=lambda value: parse_workers(value),
+    )
+    gpus_per_worker: Optional[int] = _opt(
+        "GPUs each worker owns: 0 (CPU), 1, or 2 (a pair for a two-stage model); "
+        "default: 1 when the cluster has GPUs, else 0",
+        default=None,
+        choices=(0, 1, 2),
+    )
+    cpus_per_worker: Optional[int] = _opt(
+        "CPU cores each worker reserves in Ray and gives torch's threads; default: on a CPU run "
+        "on a Ray that ray-ddp starts, the machine's cores / workers, else 1", default=None)
+    backend: Optional[str] = _opt(
+        "process-group backend; default: nccl on GPU, gloo on CPU",
+        default=None,
+        choices=BACKENDS,
+    )
+    address: Optional[str] = _opt(
+        "Ray cluster to attach to (auto or HOST:PORT); default: RAY_ADDRESS, else start a local Ray",
+        default=None,
+    )
+    wait_for_resources: float = _opt(
+        "seconds to wait for an autoscaler to add the nodes the job needs before giving up",
+        default=900.0,
+    )
+    # --- optimisation ---
+    epochs: int = _opt("total epochs (a resumed run trains up to this many)", default=3)
+    steps_per_epoch: int = _opt("optimizer steps per epoch (with --data or --dataset: as many as "
+                                "one pass over the rows takes)", default=20)
+    batch_size: int = _opt("samples per micro-batch on EACH worker (what fits in its memory)",
+                           default=32)
+    global_batch: Optional[int] = _opt(
+        "samples per optimizer step over all workers, fixed for the whole run whatever the world "
+        "size: each worker's micro-batches (at most --batch-size) and accumulation steps are "
+        "worked out for the world size it runs in; default: workers (MAX of a range) x "
+        "batch-size x grad-accum", default=None)
+    lr: float = _opt("learning rate", default=0.05)
+    optimizer: str = _opt("optimizer: sgd (momentum 0.9) or adamw", default="sgd", choices=OPTIMIZERS)
+    seed: int = _opt("seed for weights and data (same seed, same run)", default=0)
+    grad_accum: int = _opt("micro-batches per optimizer step (DDP syncs gradients on the last "
+                           "only); global batch = workers x batch-size x grad-accum (with "
+                           "--global-batch: worked out from it)", default=1)
+    amp: str = _opt("mixed precision: off, bf16 (GPU or CPU), fp16 (GPU, with a gradient scaler)",
+                    default="off", choices=AMP_MODES)
+    clip_grad: float = _opt("clip the gradient norm to this (0: no clipping)", default=0.0)
+    warmup_steps: int = _opt("steps of linear learning-rate warm-up from 0", default=0)
+    schedule: str = _opt("learning rate after warm-up: constant, or cosine decay to 0 at the "
+                         "last step", default="constant", choices=SCHEDULES)
+    compile: bool = _opt("torch.compile the model (slower start, faster steps on GPU)", default=False)
+    # --- checkpoints, metrics, failures ---
+    storage: str = _opt(
+        "where runs live: a local path or a pyarrow URI (s3://, gs://, file://)",
+        default="~/ray_ddp_runs",
+    )
+    name: Optional[str] = _opt(
+        "run name, a folder under --storage; the same name resumes; default: ray_ddp-<time>",
+        default=None,
+    )
+    keep: int = _opt("newest checkpoints to keep", default=2)
+    keep_best: bool = _opt("also keep the checkpoint with the lowest validation loss", default=False)
+    checkpoint_every: int = _opt("epochs between checkpoints (the last epoch always saves)", default=1)
+    report_every: int = _opt("steps per metrics row: each rank's loss and timing are summed over this "
+                             "many steps (every epoch end closes a row too)", default=10)
+    report_interval: float = _opt(
+        "least seconds between sends of metrics rows to Ray Train, which takes one report per "
+        "worker per poll (every second under ray-ddp); sooner ones would stall training (0: send "
+        "every row; checkpoints always send)", default=3.0)
+    max_failures: Optional[int] = _opt(
+        "worker-group restarts from the latest checkpoint before giving up (-1: no limit); "
+        "node preemptions, and a node that dies after its preemption notice, are not counted "
+        "here; default: 0 for --workers N, while an elastic --workers MIN-MAX run restarts "
+        "after every lost worker or node and stops only when it fails 3 times in a row after "
+        "the same checkpoint (a bug, not a lost node)", default=None)
+    max_preemptions: int = _opt(
+        "restarts after spot-node preemptions before giving up (-1: no limit); when a node is "
+        "drained for preemption the workers save a checkpoint at the next report and wait for "
+        "the restart", default=-1)
+    tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "
+                             "(local storage)", default=False)
+    # --- output ---
+    json: bool = _opt("print the run summary as one JSON object on the last stdout line", default=False)
+    quiet: bool = _opt("print no progress lines", default=False)
+    verbose: bool = _opt("show Ray's own logs", default=False)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        """Build from a plain dict (YAML or Ray's train_loop_config); keys may use - or _."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in values.items():
+            name = str(key).replace("-", "_")
+            if name not in known:
+                raise ConfigError(
+                    f"unknown config key '{key}'; known keys: {', '.join(sorted(known))}"
+                )
+            kwargs[name] = _coerce(known[name], value, key)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str, overrides: Optional[dict[str, Any]] = None) -> "TrainConfig":
+        """Read a YAML mapping of config keys; ``overrides`` (the flags given) win."""
+        import yaml
+
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path}; pass an existing YAML file to --config")
+        try:
+            with open(path) as f:
+                values = yaml.safe_load(f)
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            at = f" at line {where.line + 1}" if where is not None else ""
+            raise ConfigError(f"config file {path} is not valid YAML{at}; fix the syntax") from None
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+        return cls.from_dict({**values, **(overrides or {})})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # ---------------------------------------------------------------- validating
+    def validate(self) -> "TrainConfig":
+        """Check what can be checked without a cluster (config.checks holds every check);
+        raise ConfigError on the first problem. ``workers`` is parsed in place."""
+        validate_config(self)
+        return self
+
+
+def _coerce(f: dataclasses.Field, value: Any, key: str) -> Any:
+    """Turn a YAML/JSON value into the field's type, or say which key is wrong."""
+    kind = str(f.type)
+    if value is None:
+        if "Optional" in kind:
+            return None
+        raise ConfigError(f"config key '{key}' needs a value")
+    if "parse" in f.metadata:
+        return f.metadata["parse"](value)
+    try:
+        if "bool" in kind:
+            if isinstance(value, bool):
+                return value
+            raise ValueError
+        if "int" in kind:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if "float" in kind:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        want = kind.replace("Optional[", "").rstrip("]")
+        raise ConfigError(f"config key '{key}' must be {want}, got {value!r}") from None

@@ -1,0 +1,205 @@
+"""What the data decides for a run, checked on the driver before Ray starts (a mistake
+costs seconds and gets one line): the task, the model's input and output sizes, the rows
+of an epoch and of validation, the global batch, and so the steps per epoch. A user's
+Dataset is built (or looked at) once here. ``fit_to_world`` runs on each worker: it cuts
+the global batch for the world size Ray gave the worker.
+
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+
+
+@dataclass(frozen=True)
+class DataShapeConfig:
+    """What the data decides: training rows, the model's sizes, the task (and its classes
+    or vocabulary), and the validation rows (0 without validation)."""
+
+    rows: int
+    input_dim: int
+    output_dim: int
+    task: str
+    num_classes: Optional[int] = None
+    val_rows: int = 0
+    # a batch of the first item (inputs, targets), for the driver's output-shape check
+    example: Any = field(default=None, compare=False, repr=False)
+
+
+def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None) -> Optional[DataShapeConfig]:
+    """Check the training and validation data; None for synthetic regression data."""
+    shape = _inspect_training(cfg, train_data)
+    if shape is None:
+        if cfg.task not in (None, "regression"):
+            raise ConfigError(f"--task {cfg.task} needs data: give --data, --dataset or train_data=")
+        if cfg.val_fraction:
+            raise ConfigError("--val-fraction splits --data or --dataset rows; synthetic data "
+                              "has none to hold out (give --val-data)")
+        shape = DataShapeConfig(0, cfg.input_dim, cfg.output_dim, "regression")
+        synthetic = True
+    else:
+        synthetic = False
+    val_rows = _inspect_validation(cfg, shape, val_data)
+    shape = dataclasses.replace(shape, val_rows=val_rows)
+    return None if synthetic and not val_rows else shape
+
+
+def _inspect_training(cfg: TrainConfig, train_data: Any) -> Optional[DataShapeConfig]:
+    if train_data is not None or cfg.dataset is not None:
+        from ray_ddp.data.user import check_dataset, load_user_dataset
+
+        ds = check_dataset(train_data, "train_data=") if train_data is not None else load_user_dataset(cfg.dataset)
+        return _dataset_shape(cfg, ds)
+    if cfg.data == "synthetic":
+        return None
+    return _table_shape(cfg, cfg.data)
+
+
+def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
+    from ray_ddp.data.table_stats import inspect_table
+    from ray_ddp.data.text import is_text, text_size
+
+    text = is_text(path)
+    task = cfg.task or ("lm" if cfg.model == "gpt" or text else None)
+    if task == "lm" and text:
+        size = text_size(path)
+        rows = (size - 1) // cfg.seq_len
+        if rows < 1:
+            raise ConfigError(f"--data {path} holds {size} bytes, not one window of --seq-len "
+                              f"{cfg.seq_len} + 1; give more text or a shorter --seq-len")
+        return DataShapeConfig(rows, cfg.seq_len, 256, "lm", num_classes=256)
+    # the counts the run is given stand in for row groups whose statistics are missing, so
+    # a large data set is never read whole here; the gpt's vocabulary is --vocab-size
+    # whatever the data holds (another model's output size is the data's)
+    table = inspect_table(path, cfg.features, cfg.target, task, stream=cfg.stream,
+                          num_classes=cfg.num_classes,
+                          vocab_size=cfg.vocab_size if cfg.model == "gpt" else None)
+    if table.task == "lm":
+        if table.input_dim < cfg.seq_len + 1:
+            raise ConfigError(f"--data {path}: the shortest sequence has {table.input_dim} tokens; "
+                              f"--seq-len {cfg.seq_len} needs {cfg.seq_len + 1}; lower --seq-len")
+        return DataShapeConfig(table.rows, cfg.seq_len, table.num_classes, "lm", table.num_classes)
+    classes = cfg.num_classes or table.num_classes
+    if table.task == "classification" and cfg.num_classes and cfg.num_classes < table.num_classes:
+        raise ConfigError(f"--data {path} has labels up to {table.num_classes - 1}, more than "
+                          f"--num-classes {cfg.num_classes} allows; raise --num-classes")
+    out = classes if table.task == "classification" else table.output_dim
+    return DataShapeConfig(table.rows, table.input_dim, out, table.task, classes)
+
+
+def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
+    """A Dataset's first item says the sizes; an integer scalar target (a Python int, a
+    0-d tensor or a numpy integer) makes it classification."""
+    import torch
+
+    x, y = ds[0]
+    y_t = _as_tensor(y)
+    integer_label = y_t is not None and y_t.dim() == 0 and not torch.is_floating_point(y_t)
+    task = cfg.task or ("classification" if integer_label else "regression")
+    classes = cfg.num_classes
+    builtin = ":" not in cfg.model and cfg.model != "gpt"
+    if task == "classification" and classes is None and builtin:
+        # a built-in model needs the class count for its output layer: every label once
+        classes = 1 + max(int(ds[i][1]) for i in range(len(ds)))
+    x_t = _as_tensor(x)
+    input_dim = int(x_t.numel()) if x_t is not None else cfg.input_dim
+    output_dim = classes if task == "classification" and classes else (
+        int(y_t.numel()) if y_t is not None else cfg.output_dim)
+    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes, example=_example_batch(ds))
+
+
+def _as_tensor(value: Any):
+    """A tensor, numpy array, numpy scalar or Python number as a tensor; None otherwise."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, (bool, int, float, torch.Tensor, np.ndarray, np.generic)):
+        return torch.as_tensor(value)
+    return None
+
+
+def _example_batch(ds) -> Any:
+    """Two copies of the first item, batched as the workers batch them: what the driver
+    runs through the model on the meta device to check the output against the target."""
+    from torch.utils.data import default_collate
+
+    from ray_ddp.data.user import as_float32
+
+    try:
+        x, y = default_collate([ds[0], ds[0]])
+    except (TypeError, RuntimeError):  # a custom item a --collate is for
+        return None
+    return as_float32(x), as_float32(y)
+
+
+def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> int:
+    if val_data is not None:
+        from ray_ddp.data.user import check_dataset
+
+        return len(check_dataset(val_data, "val_data="))
+    if cfg.val_data is not None:
+        val = _table_shape(dataclasses.replace(cfg, task=shape.task), cfg.val_data)
+        if (val.input_dim, val.task) != (shape.input_dim, shape.task):
+            raise ConfigError(f"--val-data {cfg.val_data} does not match the training data "
+                              f"({val.task} with {val.input_dim} inputs, the training data is "
+                              f"{shape.task} with {shape.input_dim}); give validation rows of the same columns")
+        return val.rows
+    if cfg.val_fraction:
+        held = max(1, round(cfg.val_fraction * shape.rows))
+        if held >= shape.rows:
+            raise ConfigError(f"--val-fraction {cfg.val_fraction} of {shape.rows} rows leaves none to train on")
+        return held
+    return 0
+
+
+def fit_batch_to(cfg: TrainConfig, max_workers: int, given_global_batch: Optional[int]) -> TrainConfig:
+    """The global batch of the run: ``--global-batch`` if given, else the largest world
+    size x batch-size x grad-accum (what a fixed-size run has always had)."""
+    if given_global_batch is not None and given_global_batch < max_workers:
+        raise ConfigError(f"--global-batch {given_global_batch} gives some of the {max_workers} "
+                          "workers no rows at all; give at least one row per worker")
+    return dataclasses.replace(cfg, global_batch=given_global_batch or
+                               max_workers * cfg.batch_size * cfg.grad_accum)
+
+
+def fit_to_world(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """On a worker, the config for the world size Ray gave it: accumulation steps such
+    that each micro-batch holds at most --batch-size rows of the run's fixed global batch
+    (a config that names none has this world x batch-size x grad-accum)."""
+    from ray_ddp.data.sources import accumulation_for
+
+    if cfg.global_batch is None:
+        return dataclasses.replace(cfg, global_batch=world_size * cfg.batch_size * cfg.grad_accum)
+    return dataclasses.replace(cfg, grad_accum=accumulation_for(cfg.global_batch, world_size,
+                                                                cfg.batch_size))
+
+
+def fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig]) -> TrainConfig:
+    """The config with what the data decides: the task, the model's sizes, and the steps
+    per epoch (one pass over the training rows in global batches: ``cfg.global_batch``
+    must be set, and the steps do not depend on the world size)."""
+    from ray_ddp.data.sources import steps_for_rows
+
+    if shape is None:
+        return dataclasses.replace(cfg, task=cfg.task or "regression")
+    rows = shape.rows - (shape.val_rows if cfg.val_fraction else 0)
+    changes: dict[str, Any] = dict(task=shape.task)
+    if rows:  # training rows from data (not synthetic)
+        changes.update(input_dim=shape.input_dim, output_dim=shape.output_dim,
+                       steps_per_epoch=steps_for_rows(rows, cfg.global_batch))
+    if shape.task == "classification" and shape.num_classes:
+        changes["num_classes"] = shape.num_classes
+    if shape.task == "lm" and shape.num_classes and cfg.model == "gpt" and shape.num_classes > cfg.vocab_size:
+        raise ConfigError(f"the data's token ids go up to {shape.num_classes - 1}; --vocab-size "
+                          f"{cfg.vocab_size} is too small; pass --vocab-size {shape.num_classes}")
+    return dataclasses.replace(cfg, **changes)
+
+
+def _numel(value: Any) -> int:
+    import torch
+
+    return int(torch.as_tensor(value).numel())

@@ -1,0 +1,143 @@
+"""TorchTrainer.fit() for a planned run: the trainer built, progress shown, status.json
+kept, a failure turned into one line, and the driver's own restarts. Runs on the
+driver.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.driver.failures import RestartState, describe_loss, summarize_failure
+from ray_ddp.cluster.runtime_env import train_controller_env, worker_runtime_env
+from ray_ddp.driver.progress import show_progress
+from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_json, read_table
+from ray_ddp.driver.start import StartState, planned_steps
+from ray_ddp.driver.status import _write_status
+from ray_ddp.errors import TrainingError
+
+
+def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+                     start: StartState, objects: dict[str, Any], echo: Callable[[str], None]) -> None:
+    """TorchTrainer.fit() with progress shown, and status.json telling where it stands;
+    started again from the newest checkpoint when ``failures`` says the run goes on."""
+    run_path = store.run_path(cfg.name)
+    scan = start.scan
+    restarts = RestartState()
+    _write_status(store, run_path, "running", cfg, placement)
+    try:
+        while True:
+            try:
+                with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
+                    _fit(cfg, store, placement, _loop_config(cfg, scan, objects), objects)
+                break
+            except TrainingError as err:
+                scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
+                why = _decide_restart(err, restarts, cfg, placement, store, scan)
+                if why is None:
+                    raise
+                echo(f"{err}; restarting from {scan.latest or 'the start'} ({why})"
+                     + _steps_to_redo(err.step, scan.meta))
+    except TrainingError as err:
+        _write_status(store, run_path, "failed", cfg, placement, error=str(err))
+        raise
+    except KeyboardInterrupt:
+        _write_status(store, run_path, "interrupted", cfg, placement)
+        raise
+    except BaseException as err:  # a bug or a storage failure: never leave "running"
+        _write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
+        raise
+    from ray_ddp.observe.summarize import world_stretches
+
+    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
+    _write_status(store, run_path, "complete", cfg, placement,
+                  stretches=world_stretches(table) if table is not None and table.num_rows else None)
+
+
+def _loop_config(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]) -> dict[str, Any]:
+    from ray import cloudpickle
+
+    return {"config": cfg.to_dict(), "resume_from": scan.latest, "newest_at_start": scan.newest,
+            "total_steps": planned_steps(cfg, scan.meta),
+            # pickled here: Ray Train's controller only hands them on, and could not import
+            # a user's module that only the workers' PYTHONPATH holds
+            "objects": cloudpickle.dumps({k: v for k, v in objects.items() if v is not None})}
+
+
+def _decide_restart(err: "TrainingError", restarts: RestartState, cfg: TrainConfig,
+                    placement: PlacementConfig, store: StorageConfig, scan: CheckpointScan) -> Optional[str]:
+    """Why the driver starts the run again, or None; a run that stops gets the end of its
+    one line (what would have let it go on) added to ``err``."""
+    if err.failure is None:
+        return None
+    progress = read_json(store.fs, f"{store.run_path(cfg.name)}/{PROGRESS_FILE}") or {}
+    preempted = {n for p in progress.get("preemptions") or [] for n in str(p.get("node_id", "")).split(",") if n}
+    run_nodes = {str(n) for n in (progress.get("nodes") or {}).values() if n}
+    why = restarts.decide(err.failure, placement.elastic, cfg.max_failures, cfg.max_preemptions,
+                          preempted, run_nodes, scan.latest)
+    if why is None:
+        err.args = (str(err) + restarts.why_stopped(err.failure, placement.elastic, cfg.max_failures),)
+    return why
+
+
+def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:
+    if step is None:
+        return ""
+    redo = step - (meta["step"] if meta else 0)
+    return f": {redo} step{'s' if redo != 1 else ''} to redo" if redo > 0 else ""
+
+
+def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+         loop_config: dict[str, Any], objects: dict[str, Any]) -> None:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from ray_ddp.worker.loop import train_loop_per_worker
+    from ray_ddp.observe.callback import MetricsCallback
+
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend=placement.backend),
+        scaling_config=ScalingConfig(
+            num_workers=placement.num_workers(),  # (MIN, MAX): Ray's elastic policy
+            use_gpu=placement.use_gpu,
+            resources_per_worker=placement.resources_per_worker(),
+        ),
+        run_config=RunConfig(
+            name=cfg.name,
+            storage_path=store.uri,
+            # with --keep-best, the metrics callback prunes (newest --keep and the best)
+            checkpoint_config=CheckpointConfig(num_to_keep=None if cfg.keep_best else cfg.keep),
+            # a preemption restart is counted apart from failures (Ray tells them apart)
+            failure_config=FailureConfig(max_failures=cfg.max_failures or 0,
+                                         max_preemption_failures=cfg.max_preemptions),
+            callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, loop_config["total_steps"],
+                                       tensorboard=cfg.tensorboard, keep=cfg.keep, keep_best=cfg.keep_best)],
+            worker_runtime_env=worker_runtime_env(cfg, [v for v in objects.values() if v is not None]),
+        ),
+    )
+    try:
+        trainer.fit()
+    except TrainingFailedError as err:
+        raise _training_error(err, store.run_path(cfg.name), store) from None
+    except SystemExit:
+        # Ctrl-C: fit() installs Ray's SIGINT handler, which aborts the run gracefully and
+        # then leaves fit() with SystemExit. Hand it on as what it was: an interrupt.
+        raise KeyboardInterrupt from None
+
+
+def _training_error(err: Exception, run_path: str, store: StorageConfig) -> TrainingError:
+    """One line for the user: the rank that explains the failure (a dead worker or node
+    before the survivors' broken connections) and its cause."""
+    progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
+    failures = getattr(err, "worker_failures", None) or {}
+    if not failures:
+        text = str(err).strip().splitlines()
+        return TrainingError("training failed: " + (text[-1] if text else type(err).__name__))
+    failure = summarize_failure(failures, progress.get("nodes") or {})
+    step = progress.get("step")
+    if failure.lost is None:
+        return TrainingError(f"training failed on rank {failure.rank}: {failure.cause}", failure, step)
+    return TrainingError(describe_loss(failure, step), failure, step)

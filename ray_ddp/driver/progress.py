@@ -1,0 +1,133 @@
+"""Live progress in the driver while fit() blocks: a bar on a terminal, lines otherwise.
+
+Runs on the driver, in a thread that polls ``progress.json``, which the metrics callback
+rewrites in the Ray Train controller after every report. On a terminal it draws a tqdm
+bar (epoch/step, loss, samples/s, ETA); when stdout is not a terminal (job logs, CI,
+pipes) it prints one plain line per report it sees; ``--quiet`` shows neither. Straggler
+warnings (decided in the callback, which sees every report) and preemption checkpoints
+are printed either way.
+
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+from ray_ddp.storage import PROGRESS_FILE, StorageConfig, read_json
+
+
+def format_progress(p: dict[str, Any]) -> str:
+    line = (f"epoch {p['epoch']}/{p['epochs']}  step {p['step']}/{p['total_steps']}  "
+            f"loss {p['loss']:.4f}")
+    for key, label in (("accuracy", "acc"), ("perplexity", "ppl")):
+        if p.get(key) is not None:
+            line += f"  {label} {p[key]:.4f}"
+    line += f"  {p['samples_per_s']:,.0f} samples/s"
+    if p.get("val_loss") is not None:
+        line += f"  val_loss {p['val_loss']:.4f}"
+        for key, label in (("val_accuracy", "val_acc"), ("val_perplexity", "val_ppl")):
+            if p.get(key) is not None:
+                line += f"  {label} {p[key]:.4f}"
+    if p.get("checkpoint"):
+        line += f"  saved {p['checkpoint']}"
+    return line
+
+
+def format_straggler(s: dict[str, Any]) -> str:
+    return (f"warning: rank {s['rank']} is straggling: its own work (data + forward) took "
+            f"{s['ratio']:.1f}x the median rank's for {s['reports']} reports in a row "
+            f"({s['busy_s']:.3f} s vs {s['median_s']:.3f} s); check its node "
+            f"({(s.get('node_id') or '?')[:12]})")
+
+
+def format_preemption(e: dict[str, Any]) -> str:
+    nodes = ", ".join(n[:12] for n in e["node_id"].split(","))
+    return (f"node {nodes} is being preempted (deadline in {max(0.0, e['deadline_in_s']):.0f} s): "
+            f"checkpoint {e['checkpoint']} saved")
+
+
+class _Bar:
+    """A tqdm bar over global steps; created on the first report (total known then)."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def show(self, p: dict[str, Any]) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=p["total_steps"], initial=0, unit="step", dynamic_ncols=True,
+                            file=sys.stdout, leave=True)
+        self.bar.set_description(f"epoch {p['epoch']}/{p['epochs']}")
+        self.bar.set_postfix_str(f"loss {p['loss']:.4f}, {p['samples_per_s']:,.0f} samples/s")
+        self.bar.update(p["step"] - self.bar.n)
+
+    def write(self, line: str) -> None:
+        if self.bar is None:
+            print(line, flush=True)
+        else:
+            self.bar.write(line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@contextmanager
+def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], None],
+                  enabled: bool, terminal: Optional[bool] = None,
+                  every_s: float = 1.0) -> Iterator[None]:
+    """Poll progress.json until the block ends, showing each new report."""
+    if not enabled:
+        yield
+        return
+    if terminal is None:
+        terminal = echo is print and sys.stdout.isatty()
+    bar = _Bar() if terminal else None
+    path = f"{run_path}/{PROGRESS_FILE}"
+    seen = read_json(store.fs, path)  # a resumed run's old file: not news
+    last_time = seen["time"] if seen else None
+    warned: set[tuple[int, int]] = set()
+    told = len(seen.get("preemptions") or []) if seen else 0  # preemptions already printed
+    stop = threading.Event()
+
+    def show_new() -> None:
+        nonlocal last_time, told
+        try:
+            p = read_json(store.fs, path)
+        except ValueError:  # written atomically, so only a file someone else put there
+            return
+        if p is None or p["time"] == last_time:
+            return
+        last_time = p["time"]
+        straggler = p.get("straggler")
+        if straggler and (straggler["rank"], straggler["since_step"]) not in warned:
+            warned.add((straggler["rank"], straggler["since_step"]))
+            (bar.write if bar else echo)(format_straggler(straggler))
+        events = p.get("preemptions") or []
+        if len(events) < told:  # a new controller (a resumed run) starts its list afresh
+            told = 0
+        for event in events[told:]:
+            (bar.write if bar else echo)(format_preemption(event))
+        told = len(events)
+        if bar is not None:
+            bar.show(p)
+        else:
+            echo(format_progress(p))
+
+    def poll() -> None:
+        while not stop.wait(every_s):
+            show_new()
+
+    thread = threading.Thread(target=poll, name="ray_ddp-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        show_new()
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,185 @@
+"""run(cfg) -> RunSummary: everything ``ray-ddp train`` does, on the driver, as a short
+list of verbs: check, inspect the data, open the storage, find where to start, attach to
+Ray, place the workers, fit, summarize.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Optional
+from ray_ddp.cluster.attach import ClusterConfig, attach_ray, refresh_elastic_view
+from ray_ddp.cluster.preflight import ensure_cluster_fits
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.config.workers import worker_range
+from ray_ddp.cluster.placement import PlacementConfig, plan_placement
+from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.models.build import check_model, load_callable, model_stages
+from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
+from ray_ddp.driver.fit import _fit_with_status
+from ray_ddp.driver.start import StartState, find_start
+from ray_ddp.driver.summary import RunSummary, _write_summary
+
+
+def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = None,
+        train_data: Any = None, val_data: Any = None, loss: Optional[Callable] = None) -> RunSummary:
+    """Train as ``cfg`` says and return the summary. Raises ConfigError on a user mistake
+    (before anything is written) and TrainingError when training failed. ``cfg`` itself is
+    left as it was: each step below returns a resolved copy.
+
+    Objects instead of module paths: ``model`` an nn.Module or a callable returning one,
+    ``train_data`` / ``val_data`` map-style Datasets of (input, target) pairs, ``loss``
+    fn(output, target) -> the batch's mean loss. Ray ships them to the workers pickled
+    (cloudpickle), so they may be defined in a notebook or a script workers cannot import."""
+    started = time.time()
+    marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
+    objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss}
+    cfg = check_config(cfg, objects)
+    data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds
+    given_batch = cfg.global_batch  # None: workers x batch x accum, once the workers are known
+    cfg = fit_data_to(fit_batch_to(cfg, (worker_range(cfg.workers) or (1, 1))[1], given_batch),
+                      data_shape)  # redone below for the world size the cluster gives
+    check_model(cfg, model, data_shape.example if data_shape is not None and loss is None else None)
+    store = open_storage(cfg)
+    start = find_start(cfg, store, data_shape, echo)
+    if start.complete:
+        summary = read_json(store.fs, f"{store.run_path(cfg.name)}/{SUMMARY_FILE}")
+        if summary is not None:
+            return RunSummary(**{**summary, "already_complete": True})
+        return _write_summary(cfg, store, None, start.resumed_from, started)
+
+    marks["attach"] = time.time()
+    workers = worker_range(cfg.workers)
+    # A Ray started here prestarts idle Python workers for this driver, and Ray Train can
+    # use none of them: its controller, helper actors and workers each carry a runtime_env
+    # (environment variables), so each gets a process of its own. On a small machine the
+    # idle ones only take CPU from Train's start (benchmarks/startup.py).
+    with attach_ray(cfg.address, cfg.verbose, idle_workers=False,
+                    local_cpus=(workers[1] if workers else 0) * (cfg.cpus_per_worker or 1)) as cluster:
+        marks["ray"] = time.time()
+        cfg, placement = place_workers(cfg, cluster, data_shape, given_batch, echo)
+        announce(cfg, placement, start, store, echo)
+        marks["fit"] = time.time()
+        _fit_with_status(cfg, store, placement, start, objects, echo)
+    return _write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
+
+
+def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:
+    """The validated config with the run's name, the Python API's objects named in it, and
+    the user's loss and collate functions imported (workers import them too: fail here)."""
+    cfg = _with_objects(dataclasses.replace(cfg), objects["model"], objects["train_data"],
+                        objects["loss"]).validate()
+    if cfg.name is None:
+        cfg = dataclasses.replace(cfg, name=time.strftime("ray_ddp-%Y%m%d-%H%M%S"))
+    if cfg.keep_best and not (cfg.val_data or cfg.val_fraction or objects["val_data"] is not None):
+        raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
+                          "give --val-data, --val-fraction or val_data=")
+    for spec, what in ((cfg.loss, "loss"), (cfg.collate, "collate")):
+        if spec is not None:
+            load_callable(spec, what=what)
+    return cfg
+
+
+def open_storage(cfg: TrainConfig) -> StorageConfig:
+    """The run storage, checked writable (and local, for TensorBoard's event files)."""
+    store = resolve_storage(cfg.storage)
+    check_writable(store)
+    if cfg.tensorboard and not store.is_local:
+        raise ConfigError(f"--tensorboard writes event files to a local disk; --storage {cfg.storage} "
+                          "is not one (use a local or shared path, or drop --tensorboard)")
+    return store
+
+
+def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, given_batch: Optional[int],
+                  echo: Callable[[str], None]) -> tuple[TrainConfig, PlacementConfig]:
+    """Plan the placement on this cluster, check the cluster can ever hold it (waiting for
+    an autoscaler if it must), and return the config resolved for it: workers, devices,
+    backend, the global batch and the steps per epoch."""
+    workers = worker_range(cfg.workers)
+    placement = plan_placement(workers[1] if workers else None, cfg.gpus_per_worker, cfg.backend,
+                               cluster.node_gpus, stages=model_stages(cfg.model),
+                               cpus_per_worker=cfg.cpus_per_worker, local_cpus=cluster.own_cpus,
+                               min_workers=workers[0] if workers else None)
+    if cfg.amp == "fp16" and not placement.use_gpu:
+        raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
+    if cfg.sync_batchnorm and not placement.use_gpu:
+        raise ConfigError("--sync-batchnorm needs GPUs (PyTorch's SyncBatchNorm runs on CUDA "
+                          "only); drop it on CPU")
+    ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
+    if placement.elastic:
+        refresh_elastic_view()  # start with every worker the cluster holds now
+    cfg = fit_data_to(fit_batch_to(cfg, placement.workers, given_batch), data_shape)
+    cfg = dataclasses.replace(cfg, workers=f"{placement.min_workers}-{placement.workers}"
+                              if placement.elastic else placement.workers,
+                              gpus_per_worker=placement.gpus_per_worker,
+                              cpus_per_worker=placement.cpus_per_worker, backend=placement.backend)
+    return cfg, placement
+
+
+def announce(cfg: TrainConfig, placement: PlacementConfig, start: StartState, store: StorageConfig,
+             echo: Callable[[str], None]) -> None:
+    if not cfg.quiet:
+        where = f"resuming from {start.resumed_from}" if start.resumed_from else "new run"
+        echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
+             f"global batch {describe_global_batch(cfg, placement)}, {cfg.epochs} "
+             f"epochs x {cfg.steps_per_epoch} steps -> {store.run_path(cfg.name)}")
+
+
+def _with_objects(cfg: TrainConfig, model: Any, train_data: Any, loss: Any) -> TrainConfig:
+    """Name what the Python API passed in the config (what status.json, the resume check
+    and the start line show): ``python:<ClassName>``; the objects themselves go to the
+    workers apart from the config."""
+    import torch
+
+    changes = {}
+    if model is not None:
+        if not (isinstance(model, torch.nn.Module) or callable(model)):
+            raise ConfigError(f"model= must be an nn.Module or a callable returning one, not "
+                              f"{type(model).__name__}")
+        name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
+        changes["model"] = f"python:{name}"
+    if train_data is not None and (cfg.data != "synthetic" or cfg.dataset is not None):
+        raise ConfigError("give train_data= or --data / --dataset, not both")
+    if cfg.collate is not None and cfg.dataset is None and train_data is None:
+        raise ConfigError("--collate is for --dataset or train_data= (parquet and text rows are "
+                          "batched by ray-ddp)")
+    if loss is not None and not callable(loss):
+        raise ConfigError(f"loss= must be a callable fn(output, target), not {type(loss).__name__}")
+    return dataclasses.replace(cfg, **changes)
+
+
+def describe_global_batch(cfg: TrainConfig, placement: PlacementConfig) -> str:
+    """The global batch, and how it is cut (for an elastic run: at its largest world size)."""
+    from ray_ddp.data.sources import accumulation_for
+
+    accum = accumulation_for(cfg.global_batch, placement.workers, cfg.batch_size)
+    if placement.elastic:
+        return (f"{cfg.global_batch}, fixed whatever the world size (micro-batches of at most "
+                f"{cfg.batch_size}; {accum} accumulation step(s) per worker at {placement.workers} workers)")
+    if accum == 1 and cfg.global_batch == placement.workers * cfg.batch_size:
+        return str(cfg.global_batch)
+    return (f"{cfg.global_batch} ({placement.workers} workers x {accum} accumulation steps of at most "
+            f"{cfg.batch_size})")
+
+
+_RUNS_IN_THIS_PROCESS = 0
+
+
+def _process_start_time(fallback: float) -> float:
+    """When this process started (the user's command), so start-up counts the imports;
+    for a second run() in the same process (a notebook, a script that trains twice) the
+    run's own start: its interpreter and imports were paid before."""
+    global _RUNS_IN_THIS_PROCESS
+    _RUNS_IN_THIS_PROCESS += 1
+    if _RUNS_IN_THIS_PROCESS > 1:
+        return fallback
+    try:  # Linux: the process's start in clock ticks after boot, and the boot time
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):  # not Linux: count from run()
+        return fallback

@@ -1,0 +1,85 @@
+"""Where a run starts: the newest whole checkpoint, whether this command may resume
+from it, and whether anything is left to train. Runs on the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.storage import StorageConfig
+
+
+# Fields of the checkpoint's config that must match for a resume to load the weights.
+_SHAPE_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "heads", "seq_len",
+               "vocab_size", "strategy")
+
+
+@dataclass(frozen=True)
+class StartState:
+    """Where a run starts: the checkpoint scan, the resumed folder's URI (None for a new
+    run), and whether the run is already complete."""
+
+    scan: CheckpointScan
+    resumed_from: Optional[str]
+    complete: bool
+
+
+def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callable[[str], None]) -> StartState:
+    """The newest whole checkpoint of the run (every file checked), whether this command
+    can resume from it, and whether there is anything left to train."""
+    scan = find_latest_checkpoint(store.fs, store.run_path(cfg.name), verify_crc=True)
+    _say_broken(cfg, scan, echo)
+    resumed_from = f"{_join(store.uri, cfg.name)}/{scan.latest}" if scan.latest else None
+    complete = False
+    if scan.meta is not None:
+        _check_resumable(cfg, scan.meta, scan.latest,
+                         data_decides_steps=data_shape is not None and data_shape.rows > 0)
+        if scan.meta["epoch"] >= cfg.epochs:
+            echo(f"run {cfg.name} is already complete ({scan.meta['epoch']}/{cfg.epochs} epochs); "
+                 "nothing to do (raise --epochs to train further)")
+            complete = True
+    return StartState(scan, resumed_from, complete)
+
+
+def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
+    saved = meta.get("config", {})
+    for key in _SHAPE_KEYS:
+        if key in saved and saved[key] != getattr(cfg, key):
+            raise ConfigError(
+                f"run {cfg.name} was trained with {key}={saved[key]!r} but this command has "
+                f"{key}={getattr(cfg, key)!r}; use the same value to resume, or a new --name"
+            )
+    if not data_decides_steps and cfg.steps_per_epoch != saved.get("steps_per_epoch", cfg.steps_per_epoch):
+        raise ConfigError(
+            f"run {cfg.name} has steps_per_epoch={saved['steps_per_epoch']} in {dir_name}; "
+            "resume with the same --steps-per-epoch, or use a new --name"
+        )
+
+
+def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], None]) -> None:
+    """Name every unusable checkpoint newer than the one we resume from, or stop."""
+    for name, problem in scan.broken:
+        then = f"; resuming from {scan.latest} instead" if scan.latest else ""
+        echo(f"warning: checkpoint {name} of run {cfg.name} is unusable: {problem}{then}")
+    if scan.broken and scan.latest is None:
+        name, problem = scan.broken[-1]
+        raise ConfigError(
+            f"run {cfg.name} has no usable checkpoint ({name}: {problem}); "
+            "delete the run folder to start over, or use a new --name"
+        )
+
+
+def planned_steps(cfg: TrainConfig, meta: Optional[dict[str, Any]]) -> int:
+    """The global step the run ends at: the steps a resumed run already took, plus what
+    is left at this run's steps per epoch (another world size or batch may give other
+    steps per epoch than the checkpoint's run had)."""
+    if meta is None:
+        return cfg.epochs * cfg.steps_per_epoch
+    return meta["step"] - meta.get("epoch_step", 0) + (cfg.epochs - meta["epoch"]) * cfg.steps_per_epoch
+
+
+def _join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}"

@@ -1,0 +1,32 @@
+"""status.json: where a run stands (what ``ray-ddp runs`` shows). Runs on the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.storage import STATUS_FILE, StorageConfig, read_json, write_json
+
+
+def _write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConfig,
+                  placement: PlacementConfig, error: Optional[str] = None,
+                  stretches: Optional[list[dict[str, int]]] = None) -> None:
+    """status.json: what `ray-ddp runs` shows. ``created`` survives resumes, and so do
+    the world-size stretches until a finished run gives new ones. Reads nothing else, so
+    a failure path can always write it."""
+    path = f"{run_path}/{STATUS_FILE}"
+    store.fs.create_dir(run_path, recursive=True)
+    try:
+        old = read_json(store.fs, path) or {}
+    except ValueError:  # not JSON: start the record afresh
+        old = {}
+    now = time.time()
+    stretches = old.get("world_sizes", []) if stretches is None else stretches
+    write_json(store.fs, path, {
+        "state": state, "created": old.get("created", now), "updated": now,
+        "epochs": cfg.epochs, "world_size": stretches[-1]["world_size"] if stretches else placement.workers,
+        "workers": cfg.workers, "world_sizes": stretches,
+        "gpus_per_worker": placement.gpus_per_worker, "model": cfg.model, "error": error,
+    })

@@ -1,0 +1,141 @@
+"""summary.json: what a run left behind, from the metrics table the controller wrote.
+Runs on the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+from ray_ddp.checkpoint.verify import find_latest_checkpoint
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.storage import EVAL_FILE, METRICS_FILE, SUMMARY_FILE, StorageConfig, read_table, write_json
+from ray_ddp.driver.start import _join
+
+
+@dataclass
+class RunSummary:
+    """What a run left behind; ``--json`` prints it, ``summary.json`` stores it."""
+
+    run: str
+    path: str
+    world_size: int
+    gpus_per_worker: int
+    epochs_completed: int
+    final_loss: Optional[float]
+    samples_per_s: Optional[float]  # steady state, over training windows (metrics rows)
+    checkpoint: Optional[str]
+    metrics: Optional[str]
+    resumed_from: Optional[str]
+    epochs: int = 0
+    steps: int = 0
+    backend: str = ""
+    wall_time_s: float = 0.0
+    already_complete: bool = False
+    startup_s: Optional[dict[str, float]] = None
+    # every sample of this run over the wall time from its first step to its last
+    wall_samples_per_s: Optional[float] = None
+    task: str = "regression"
+    val_loss: Optional[float] = None  # the last validation's
+    best_val_loss: Optional[float] = None
+    val_accuracy: Optional[float] = None  # classification
+    val_perplexity: Optional[float] = None  # lm
+    best_checkpoint: Optional[str] = None  # with --keep-best: the lowest validation loss's
+    # the world size of every stretch of the run: [{"world_size", "from_step", "to_step"}]
+    world_sizes: Optional[list[dict[str, int]]] = None
+    # checkpoints saved on a node's preemption notice: [{"node_id", "step", "checkpoint", ...}]
+    preemptions: Optional[list[dict[str, Any]]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def describe_startup(marks: dict[str, float], table) -> Optional[dict[str, float]]:
+    """Where the seconds before the first training step went, in order:
+    python (interpreter and imports), checks (config, model, data, storage), ray
+    (ray.init or attaching), placement (resources, preflight), trainer (Ray Train's
+    controller, the worker processes, the process group) and first_step (model build,
+    checkpoint load, DDP's broadcast, the first step itself, on rank 0)."""
+    # rank 0's first attempt in this run (a resumed run's table holds older runs' rows too)
+    rows = [r for r in table.to_pylist() if r["rank"] == 0 and r.get("first_step_at") is not None
+            and r["started_at"] >= marks["fit"]]
+    if not rows:
+        return None
+    first = min(rows, key=lambda r: r["started_at"])
+    points = [("python", marks["run"]), ("checks", marks["attach"]), ("ray", marks["ray"]),
+              ("placement", marks["fit"]), ("trainer", first["started_at"]),
+              ("first_step", first["first_step_at"])]
+    out, previous = {}, marks["process"]
+    for name, at in points:
+        out[name] = round(at - previous, 3)
+        previous = at
+    out["total"] = round(first["first_step_at"] - marks["process"], 3)
+    return out
+
+
+def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs, run_uri: Optional[str]) -> dict[str, Any]:
+    """summary.json's validation fields from eval.parquet's rows; ``run_uri`` given (with
+    --keep-best): also the kept checkpoint whose validation loss was the lowest."""
+    if not evals:
+        return {}
+    last = evals[-1]
+    out = {"val_loss": last["loss"], "best_val_loss": min(r["loss"] for r in evals),
+           "val_accuracy": last.get("accuracy"), "val_perplexity": last.get("perplexity")}
+    if run_uri is not None:
+        from pyarrow.fs import FileSelector, FileType
+
+        from ray_ddp.checkpoint.retention import best_checkpoint
+
+        names = [i.base_name for i in fs.get_file_info(FileSelector(run_path))
+                 if i.type == FileType.Directory and i.base_name.startswith("step-")]
+        best = best_checkpoint(names, evals)
+        out["best_checkpoint"] = f"{run_uri}/{best}" if best else None
+    return out
+
+
+def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
+                   resumed_from: Optional[str], started: float,
+                   marks: Optional[dict[str, float]] = None,
+                   resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
+    from ray_ddp.observe.summarize import preemption_checkpoints, summarize_metrics, world_stretches
+
+    run_path = store.run_path(cfg.name)
+    run_uri = _join(store.uri, cfg.name)
+    scan = find_latest_checkpoint(store.fs, run_path)
+    meta = scan.meta or {}
+    saved_cfg = meta.get("config", {})
+    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
+    evals = read_table(store.fs, f"{run_path}/{EVAL_FILE}")
+    validation = summarize_evals(evals.to_pylist() if evals is not None else [], run_path, store.fs,
+                                 run_uri if cfg.keep_best else None)
+    resumed_step = int(resumed_meta["step"]) if resumed_meta else 0
+    has_rows = table is not None and table.num_rows > 0
+    stats = summarize_metrics(table, resumed_step) if has_rows else {}
+    stretches = world_stretches(table) if has_rows else []
+    summary = RunSummary(
+        run=cfg.name,
+        path=run_uri,
+        # the world size the run ended on (an elastic run's stretches: world_sizes)
+        world_size=stretches[-1]["world_size"] if stretches else
+        (placement.workers if placement else meta.get("world_size", 0)),
+        world_sizes=stretches,
+        preemptions=preemption_checkpoints(table) if has_rows else [],
+        gpus_per_worker=placement.gpus_per_worker if placement else saved_cfg.get("gpus_per_worker", 0),
+        epochs_completed=meta.get("epoch", 0),
+        final_loss=stats.get("final_loss"),
+        samples_per_s=stats.get("samples_per_s"),
+        wall_samples_per_s=stats.get("wall_samples_per_s"),
+        checkpoint=f"{run_uri}/{scan.latest}" if scan.latest else None,
+        metrics=f"{run_uri}/{METRICS_FILE}" if table is not None else None,
+        resumed_from=resumed_from,
+        epochs=cfg.epochs,
+        steps=meta.get("step", 0),
+        backend=placement.backend if placement else saved_cfg.get("backend", ""),
+        wall_time_s=round(time.time() - started, 3),
+        startup_s=describe_startup(marks, table) if marks and table is not None else None,
+        task=cfg.task or "regression",
+        **validation,
+    )
+    write_json(store.fs, f"{run_path}/{SUMMARY_FILE}", summary.to_dict())
+    return summary

@@ -1,0 +1,1 @@
+"""Bringing your own DDP code: ``ray_ddp.spawn`` and ``ray-ddp launch``."""

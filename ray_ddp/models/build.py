@@ -1,0 +1,120 @@
+"""How a model name becomes an nn.Module, and the checks of a model before any worker
+starts (built on the meta device, so no memory is spent). Runs on the driver and on
+workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Sequence
+import torch
+from torch import nn
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
+
+
+def load_callable(spec: str, what: str = "model") -> Callable[..., nn.Module]:
+    """Resolve ``package.module:callable``; raise ConfigError with the reason if it fails."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{what} '{spec}' must look like package.module:callable")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # any import-time failure of user code is the user's to fix
+        raise ConfigError(
+            f"{what} '{spec}': cannot import {module_name} ({type(err).__name__}: {err}); "
+            "check the module is on PYTHONPATH"
+        ) from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ConfigError(f"{what} '{spec}': {module_name} has no callable named {attr}")
+    return fn
+
+
+def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
+    """Build cfg.model on ``devices`` (one device, or a pair for toy-mp); ``given``: a
+    model the Python API passed (an nn.Module, or a callable returning one)."""
+    first, last = devices[0], devices[-1]
+    if given is not None:
+        model = given if isinstance(given, nn.Module) else given()
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model= returned {type(model).__name__}, not a torch.nn.Module")
+        return model.to(first)
+    if cfg.model == "gpt":
+        return GPT(cfg.vocab_size, cfg.width, cfg.depth, cfg.heads, cfg.seq_len).to(first)
+    if cfg.model == "toy":
+        return ToyModel(cfg.input_dim, cfg.output_dim).to(first)
+    if cfg.model == "toy-mp":
+        return ToyMpModel(first, last, cfg.input_dim, cfg.output_dim)
+    if cfg.model == "mlp":
+        return build_mlp(cfg.input_dim, cfg.output_dim, cfg.width, cfg.depth).to(first)
+    fn = load_callable(cfg.model)
+    try:
+        model = fn()
+    except Exception as err:
+        raise ConfigError(f"model '{cfg.model}' raised {type(err).__name__}: {err}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model '{cfg.model}' returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model.to(first)
+
+
+def model_stages(name: str) -> int:
+    """How many devices the model wants: 2 for the two-stage toy-mp, else 1."""
+    return 2 if name == "toy-mp" else 1
+
+
+def check_model(cfg: TrainConfig, given: Any = None, example: Any = None) -> int:
+    """Build the model on the meta device (a model object the Python API passed is looked
+    at as it is) and refuse one DDP cannot train; with ``example`` (a batch of the data's
+    first item), also one whose output the task cannot pair with the target.
+
+    Returns the number of trainable parameters. Runs on the driver, before Ray starts.
+    """
+    meta = torch.device("meta")
+    if isinstance(given, nn.Module):
+        model = given
+    else:
+        with meta:
+            model = build_model(cfg, [meta, meta], given)
+    if cfg.strategy == "fsdp":
+        from ray_ddp.parallel.fsdp import check_fsdp_wrap
+
+        check_fsdp_wrap(cfg, model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable == 0:
+        raise ConfigError(
+            f"model '{cfg.model}' has no parameter that requires grad, so DDP has nothing to "
+            "train; unfreeze at least one parameter"
+        )
+    if example is not None and not isinstance(given, nn.Module):
+        check_output_shape(cfg, model, example)
+    return trainable
+
+
+def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:
+    """Run the meta-device model on the example batch and ask the task whether its output
+    pairs with the target, so a shape mismatch is one line before any worker starts. A
+    model that cannot run on the meta device is checked at its first step instead."""
+    from torch.utils._pytree import tree_map
+
+    from ray_ddp.errors import TargetShapeError
+    from ray_ddp.tasks import build_task, forward
+
+    def to_meta(t):
+        return torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t
+
+    x, y = tree_map(to_meta, example)
+    try:
+        with torch.no_grad():
+            out = forward(model, x)
+    except Exception:  # noqa: BLE001 - data-dependent code, a custom op: the worker checks
+        return
+    if cfg.loss is not None or not isinstance(out, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return  # the user's loss pairs them itself
+    try:
+        build_task(cfg.task or "regression", cfg.seq_len).match_target(out, y)
+    except TargetShapeError as err:
+        raise ConfigError(f"model '{cfg.model}': {err}") from None

@@ -1,0 +1,97 @@
+"""MetricsCallback: every rank's metrics, from ray.train.report to the run folder.
+Runs inside Ray Train's controller actor (not the driver).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+import pyarrow as pa
+from ray.train import UserCallback
+from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json, write_table
+from ray_ddp.checkpoint.retention import prune_checkpoints
+from ray_ddp.observe.schema import COLUMNS, EVAL_SCHEMA, SCHEMA, eval_row, unpack_windows
+from ray_ddp.observe.stragglers import StragglerState
+from ray_ddp.observe.summarize import describe_preemption, summarize_report
+from ray_ddp.observe.tensorboard import _write_tensorboard_rows
+
+
+class MetricsCallback(UserCallback):
+    """Collects every rank's report into the run's metrics table and progress file."""
+
+    def __init__(self, storage: str, name: str, epochs: int, total_steps: int,
+                 tensorboard: bool = False, keep: int = 0, keep_best: bool = False):
+        self.storage, self.name = storage, name
+        self.total_steps = total_steps
+        self.epochs = epochs
+        self.tensorboard = tensorboard
+        self.keep, self.keep_best = keep, keep_best  # with keep_best, Ray keeps all: we prune
+        self._rows: Optional[list[dict[str, Any]]] = None  # loaded lazily in the controller
+        self._evals: list[dict[str, Any]] = []
+        self._stragglers = StragglerState()
+        self._preemptions: list[dict[str, Any]] = []  # shown by the driver as they come
+        self._tb = None
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        store = resolve_storage(self.storage)
+        run_path = store.run_path(self.name)
+        windows = unpack_windows(metrics)
+        if self._rows is None:
+            self._rows = _load_rows(store.fs, f"{run_path}/{METRICS_FILE}")
+            self._evals = _load_rows(store.fs, f"{run_path}/{EVAL_FILE}")
+        # Windows end on fixed steps, so a restarted worker group (or a resumed run)
+        # re-reports the very steps it redoes: drop the earlier attempt's rows.
+        first_step = int(windows[0][0]["step"])
+        self._rows = [r for r in self._rows if r["step"] < first_step]
+        self._evals = [r for r in self._evals if r["step"] < first_step]
+        straggler = None
+        for window in windows:
+            self._rows += [{c: m.get(c) for c in COLUMNS} for m in window]
+            if "val_loss" in window[0]:
+                self._evals.append(eval_row(window[0]))
+            straggler = self._stragglers.update(window)
+        progress = summarize_report(
+            windows[-1], self.epochs, self.total_steps,
+            checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
+        )
+        progress["straggler"] = straggler
+        if windows[-1][0].get("preempted_node") and checkpoint is not None:
+            self._preemptions.append(describe_preemption(windows[-1][0], progress["checkpoint"]))
+        progress["preemptions"] = self._preemptions
+        # where each rank runs: the driver names the rank and node of a failure with it
+        progress["nodes"] = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
+        write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", progress)
+        if self.tensorboard:
+            for window in windows:
+                self._write_tensorboard(store.path_on_disk(self.name), window)
+            if progress["step"] >= self.total_steps:
+                self._close_tensorboard()
+        if checkpoint is not None:
+            write_table(store.fs, f"{run_path}/{METRICS_FILE}",
+                        pa.Table.from_pylist(self._rows, schema=SCHEMA))
+            if self._evals:
+                write_table(store.fs, f"{run_path}/{EVAL_FILE}",
+                            pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
+            if self.keep_best:
+                prune_checkpoints(store.fs, run_path, self.keep, self._evals)
+
+    def after_exception(self, run_context, worker_exceptions) -> None:
+        self._close_tensorboard()
+
+    def _close_tensorboard(self) -> None:
+        """tensorboardX writes from a queue in a thread; flush() does not drain the queue,
+        close() does: without it the last report's events are lost with the controller."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def _write_tensorboard(self, run_dir: str, metrics: list[dict[str, Any]]) -> None:
+        if self._tb is None:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=f"{run_dir}/tensorboard")
+        _write_tensorboard_rows(self._tb, metrics)
+
+
+def _load_rows(fs, path: str) -> list[dict[str, Any]]:
+    table = read_table(fs, path)
+    return [] if table is None else table.to_pylist()

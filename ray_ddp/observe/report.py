@@ -1,0 +1,117 @@
+"""``ray-ddp report``: plots of a run's loss, throughput and step times per rank, and
+report.txt. Runs on the driver.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from statistics import median
+from typing import Optional
+from ray_ddp.errors import ConfigError
+from ray_ddp.storage import EVAL_FILE, METRICS_FILE, StorageConfig, read_table, resolve_storage
+
+
+# ----------------------------------------------------------------------------- report
+@dataclass
+class ReportSummary:
+    """What `ray-ddp report` found: the slowest rank and where the plots went."""
+
+    run: str
+    ranks: int
+    steps: int
+    final_loss: float
+    slowest_rank: int
+    slowest_step_time_s: float
+    median_step_time_s: float
+    files: list[str]
+
+    def text(self) -> str:
+        ratio = self.slowest_step_time_s / self.median_step_time_s if self.median_step_time_s else 1.0
+        return (f"run {self.run}: {self.ranks} ranks, {self.steps} steps, final loss "
+                f"{self.final_loss:.4f}\nslowest rank: {self.slowest_rank} "
+                f"({self.slowest_step_time_s:.4f} s of own work per report on average, "
+                f"{ratio:.2f}x the median rank's {self.median_step_time_s:.4f} s)")
+
+
+def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSummary:
+    """Draw loss, samples/s and step-time plots of a run as PNGs, plus report.txt."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    store = resolve_storage(storage)
+    run_path = store.run_path(name)
+    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
+    if table is None or table.num_rows == 0:
+        raise ConfigError(f"run {name} has no {METRICS_FILE} under {store.uri}; "
+                          "check the run name and --storage (ray-ddp runs lists them)")
+    rows = table.to_pylist()
+    steps = sorted({r["step"] for r in rows})
+    ranks = sorted({r["rank"] for r in rows})
+    by_rank = {k: sorted((r for r in rows if r["rank"] == k), key=lambda r: r["step"]) for k in ranks}
+
+    out_path, out_fs = _report_target(store, name, out)
+    files = []
+
+    def save(fig, filename):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+        plt.close(fig)
+        target = f"{out_path}/{filename}"
+        with out_fs.open_output_stream(target) as f:
+            f.write(buf.getvalue())
+        files.append(target)
+
+    from ray_ddp.observe.schema import rank_mean
+
+    at_step = [[r for r in rows if r["step"] == s] for s in steps]
+    # a rank with no rows in a window has a NaN loss: it takes no part in the band either
+    losses = [[r["loss"] for r in v if r["loss"] == r["loss"]] or [float("nan")] for v in at_step]
+    means = [rank_mean(v, "loss") for v in at_step]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [float("nan") if m is None else m for m in means], label="mean over ranks")
+    ax.fill_between(steps, [min(v) for v in losses], [max(v) for v in losses], alpha=0.3,
+                    label="min-max over ranks")
+    evals = read_table(store.fs, f"{run_path}/{EVAL_FILE}")
+    if evals is not None and evals.num_rows:  # validation beside training
+        ax.plot(evals.column("step").to_pylist(), evals.column("loss").to_pylist(), "o-",
+                label="validation")
+    ax.set(xlabel="step", ylabel="loss", title=f"{name}: training and validation loss"
+           if evals is not None else f"{name}: training loss")
+    ax.legend()
+    save(fig, "loss.png")
+    for column, ylabel, filename in (
+            ("samples_per_s", "samples/s", "samples_per_s.png"),
+            ("step_time_s", "seconds per report (wall)", "step_time.png"),
+            ("busy_s", "seconds of own work per report (data + forward)", "busy_time.png")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for k in ranks:
+            ax.plot([r["step"] for r in by_rank[k]], [r[column] for r in by_rank[k]], label=f"rank {k}")
+        ax.set(xlabel="step", ylabel=ylabel, title=f"{name}: {ylabel} per rank")
+        ax.legend()
+        save(fig, filename)
+
+    # DDP makes every rank wait for the slowest in the all-reduce, so wall time per step is
+    # the same everywhere; a rank's own work time (busy_s) is what tells the slow one.
+    mean_time = {k: sum(r["busy_s"] for r in by_rank[k]) / len(by_rank[k]) for k in ranks}
+    slowest = max(ranks, key=lambda k: mean_time[k])
+    summary = ReportSummary(
+        run=name, ranks=len(ranks), steps=steps[-1], final_loss=float("nan") if means[-1] is None else means[-1],
+        slowest_rank=slowest, slowest_step_time_s=mean_time[slowest],
+        median_step_time_s=median(mean_time.values()), files=files,
+    )
+    with out_fs.open_output_stream(f"{out_path}/report.txt") as f:
+        f.write((summary.text() + "\n").encode())
+    files.append(f"{out_path}/report.txt")
+    return summary
+
+
+def _report_target(store: StorageConfig, name: str, out: Optional[str]):
+    """``--out DIR`` (a path or URI), else ``<run>/report/`` next to the run's metrics."""
+    target = resolve_storage(out) if out else None
+    fs = target.fs if target else store.fs
+    path = target.path if target else f"{store.run_path(name)}/report"
+    fs.create_dir(path, recursive=True)
+    return path, fs

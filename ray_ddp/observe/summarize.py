@@ -1,0 +1,89 @@
+"""A report and a finished metrics table, as the driver shows them: the loss, the
+throughputs, the world-size stretches, the preemptions. Runs in the controller and on
+the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+import pyarrow as pa
+from ray_ddp.observe.schema import rank_mean
+
+
+def describe_preemption(row: dict[str, Any], checkpoint: str) -> dict[str, Any]:
+    """A preemption checkpoint, as progress.json and summary.json show it."""
+    return {"node_id": row["preempted_node"], "step": int(row["step"]), "checkpoint": checkpoint,
+            "deadline_in_s": round(row["preemption_deadline"] - row["time"], 1),
+            "world_size": int(row["world_size"])}
+
+
+def world_stretches(table: pa.Table) -> list[dict[str, int]]:
+    """The world size of every stretch of the run, in step order: steps ``from_step``
+    (exclusive) to ``to_step`` (inclusive) ran on ``world_size`` workers."""
+    sizes = sorted({(r["step"], r["world_size"]) for r in table.select(["step", "world_size"]).to_pylist()})
+    stretches: list[dict[str, int]] = []
+    previous = 0
+    for step, size in sizes:
+        if stretches and stretches[-1]["world_size"] == size:
+            stretches[-1]["to_step"] = step
+        else:
+            stretches.append({"world_size": size, "from_step": previous, "to_step": step})
+        previous = step
+    return stretches
+
+
+def preemption_checkpoints(table: pa.Table) -> list[dict[str, Any]]:
+    """Every checkpoint a preemption notice caused, from the metrics table (rank 0's rows)."""
+    from ray_ddp.checkpoint.format import checkpoint_dir_name
+
+    return [describe_preemption(r, checkpoint_dir_name(r["step"])) for r in table.to_pylist()
+            if r["rank"] == 0 and r.get("preempted_node")]
+
+
+def summarize_report(metrics: list[dict[str, Any]], epochs: int, total_steps: int,
+                     checkpoint: Optional[str]) -> dict[str, Any]:
+    """One report of all ranks, as the driver shows it: mean loss, summed throughput."""
+    first = metrics[0]
+    return {
+        "epoch": int(first["epoch"]),
+        "epochs": epochs,
+        "step": int(first["step"]),
+        "total_steps": total_steps,
+        "loss": rank_mean(metrics, "loss"),
+        **{k: rank_mean(metrics, k) for k in ("accuracy", "perplexity") if first.get(k) is not None},
+        **{k: first[k] for k in ("val_loss", "val_accuracy", "val_perplexity") if k in first},
+        "samples_per_s": sum(m["samples_per_s"] for m in metrics),
+        "world_size": len(metrics),
+        "checkpoint": checkpoint,
+        "time": time.time(),
+    }
+
+
+def summarize_metrics(table: pa.Table, after_step: int = 0) -> dict[str, Any]:
+    """Final loss (mean over ranks at the last step) and two throughputs:
+    - ``samples_per_s``, the steady state: all ranks' samples of a report / the slowest
+      rank's window time, the first report (warm-up: process start, first allocations)
+      left out when there are others;
+    - ``wall_samples_per_s``: every sample this run trained (the steps after
+      ``after_step``, where it resumed) over the wall time from the start of its first
+      step to the end of its last, checkpoints and reports included.
+    """
+    rows = table.to_pylist()
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    steps = sorted(by_step)
+    last = by_step[steps[-1]]
+    measured = steps[1:] if len(steps) > 1 else steps
+    samples = sum(sum(r["samples"] for r in by_step[s]) for s in measured)
+    seconds = sum(max(r["step_time_s"] for r in by_step[s]) for s in measured)
+    this_run = [r for r in rows if r["step"] > after_step]
+    wall = (max(r["time"] for r in this_run) - min(r["time"] - r["step_time_s"] for r in this_run)
+            if this_run else 0.0)
+    return {
+        "final_loss": rank_mean(last, "loss"),
+        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+        "wall_samples_per_s": sum(r["samples"] for r in this_run) / wall if wall > 0 else None,
+        "reports": len(steps),
+    }

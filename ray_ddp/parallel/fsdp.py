@@ -1,0 +1,107 @@
+"""FSDP2: sharding a model's parameters, gradients and optimizer state across the ranks.
+
+``shard_model`` runs on a worker: each unit the wrap rule picks is wrapped with
+``fully_shard``, then the whole model (what is left: embeddings, a final norm, a head),
+as torchtitan does. Each rank then holds 1/world of every parameter (a DTensor); a unit's
+forward all-gathers its parameters and frees them again, its backward reduce-scatters
+the gradients. ``check_fsdp_wrap`` runs on the driver, on the model built on the meta
+device, so a wrap rule that names no module fails in one line before Ray starts.
+
+The wrap rule (``--fsdp-wrap``): the named classes; by default each ``Block`` of the
+built-in gpt, and for any other model every direct child holding parameters. A parameter
+shared by two children (tied embeddings) stays with the root: FSDP2 cannot shard one
+parameter in two units.
+
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+import torch
+from torch import nn
+from ray_ddp.errors import ConfigError
+from ray_ddp.config.train import TrainConfig
+
+
+def wrap_classes(spec: Optional[str]) -> list:
+    """``--fsdp-wrap``'s classes: a dotted name is imported (an nn.Module subclass), a bare
+    name is kept as a string, matched against the model's class names."""
+    if spec is None:
+        return []
+    classes = []
+    for name in (part.strip() for part in spec.split(",")):
+        if not name:
+            continue
+        if "." not in name:
+            classes.append(name)
+            continue
+        module_name, _, attr = name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except Exception as err:  # an import error of the user's package is the user's to fix
+            raise ConfigError(f"--fsdp-wrap {name}: cannot import it ({type(err).__name__}: {err})") from None
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise ConfigError(f"--fsdp-wrap {name} is not an nn.Module class")
+        classes.append(cls)
+    return classes
+
+
+def _matches(module: nn.Module, classes: list) -> bool:
+    return any(type(module).__name__ == c if isinstance(c, str) else isinstance(module, c) for c in classes)
+
+
+def shard_units(model: nn.Module, cfg: TrainConfig) -> list[nn.Module]:
+    """The modules sharded as one unit each, before the root, in the model's order."""
+    if cfg.fsdp_wrap is not None:
+        classes = wrap_classes(cfg.fsdp_wrap)
+        # outermost matches only (modules() walks parents first): a unit inside another
+        # unit would shard twice
+        units: list[nn.Module] = []
+        inside: set[int] = set()
+        for module in model.modules():
+            if module is not model and id(module) not in inside and _matches(module, classes):
+                units.append(module)
+                inside.update(id(m) for m in module.modules())
+        return units
+    from ray_ddp.models.builtin import GPT, Block
+
+    if isinstance(model, GPT):
+        return [m for m in model.modules() if isinstance(m, Block)]
+    children = [c for c in model.children() if any(True for _ in c.parameters())]
+    owners: dict[int, int] = {}
+    for child in children:
+        for p in child.parameters():
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [c for c in children if all(owners[id(p)] == 1 for p in c.parameters())]
+
+
+def check_fsdp_wrap(cfg: TrainConfig, model: nn.Module) -> int:
+    """How many units ``model`` (on the meta device) shards into; a rule naming no module
+    of the model is a ConfigError. Runs on the driver."""
+    units = shard_units(model, cfg)
+    if cfg.fsdp_wrap is not None and not units:
+        raise ConfigError(f"--fsdp-wrap {cfg.fsdp_wrap} names no module of model {cfg.model}; "
+                          "name a class the model holds (e.g. its transformer block)")
+    return len(units)
+
+
+def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
+    """Shard ``model`` (built whole on the CPU, the same on every rank: the same seed)
+    across the default process group; the shards move to ``device``. With ``--amp bf16``
+    parameters are gathered in bf16 and gradients reduced in fp32 (FSDP2's
+    MixedPrecisionPolicy, instead of autocast); the model's output is fp32, for the loss."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy, root_policy = MixedPrecisionPolicy(), MixedPrecisionPolicy()
+    if cfg.amp == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        root_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                           output_dtype=torch.float32)
+    for unit in shard_units(model, cfg):
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=root_policy)
+    return model

@@ -1,0 +1,1 @@
+"""Everything that runs on a Ray Train worker: the loop and its parts."""

@@ -1,0 +1,30 @@
+"""A worker's devices, from Ray, and its peak memory. Runs on workers.
+"""
+
+from __future__ import annotations
+
+import ray
+import ray.train
+import ray.train.torch
+import torch
+from ray_ddp.config.train import TrainConfig
+import resource
+
+
+def _worker_devices(cfg: TrainConfig) -> list[torch.device]:
+    """This worker's devices, from Ray; a two-stage model on one device uses it twice."""
+    devices = list(ray.train.torch.get_devices()) if cfg.gpus_per_worker else [torch.device("cpu")]
+    if devices[0].type == "cuda":
+        torch.cuda.set_device(devices[0])  # collectives of this process use this GPU
+    if cfg.model == "toy-mp" and len(devices) == 1:
+        devices = devices * 2
+    return devices
+
+
+def peak_memory_mb(device: torch.device) -> dict:
+    """This process's peak host memory (RSS; Linux counts KiB) and, on a GPU, the peak
+    memory torch allocated there."""
+    out = {"max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["gpu_max_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out

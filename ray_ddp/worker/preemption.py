@@ -1,0 +1,25 @@
+"""A node's preemption notice, seen by the loop: a checkpoint at once, then no more
+steps until Ray restarts the run without that node. Runs on workers.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+# When a drain names no deadline, Ray restarts the run this long after the notice
+# (ray.train.v2 DEFAULT_PREEMPTION_DEADLINE_S).
+DEFAULT_PREEMPTION_WAIT_S = 120.0
+
+
+# How long past the deadline a rank waits for the restart before it trains on (the drain
+# was called off, or the node outlived its deadline).
+RESTART_WAIT_S = 60.0
+
+
+def wait_for_restart(deadline: float) -> None:
+    """After a preemption checkpoint: train no further (those steps would be lost with the
+    node) and let Ray restart the run from that checkpoint, which it does at the deadline
+    (counting it against --max-preemptions)."""
+    while time.time() < deadline + RESTART_WAIT_S:
+        time.sleep(0.5)

@@ -1,0 +1,120 @@
+"""What a worker sends to Ray Train: metrics rows in batches, and rank 0's checkpoints.
+Runs on every worker.
+
+Ray Train V2's controller takes one report per worker each time it polls (every 2 s by
+default) and a report made sooner blocks training until then, so sending every metrics
+window would stall a fast loop. Windows (metrics.parquet rows) are closed by the loop;
+the ``Reporter`` holds them and sends them together when a checkpoint is due, or when
+``report_interval`` has passed. A report is a barrier, so every rank takes the same
+decision: the loop agrees on it in one all-reduce per window (``agree``), which also
+carries each rank's non-finite flags, and whether to ask Ray if a node is being
+preempted (``ray.train.get_preemption_info`` is a barrier through Ray, so it is asked
+at window ends, at most every PREEMPTION_CHECK_S seconds, never per step).
+
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+import ray.train
+import torch
+import torch.distributed as dist
+from ray_ddp.checkpoint.format import capture_rng, checkpoint_dir_name
+from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter
+from ray_ddp.checkpoint.writer import CheckpointWriter
+
+
+# Least seconds between two preemption checks: each is a barrier through Ray (about 4 ms,
+# benchmarks/preemption.py). Ray's PreemptionWatcher sees a drain within 5 s
+# (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S); asking every second adds at most a second to that.
+PREEMPTION_CHECK_S = 1.0
+
+
+class Reporter:
+    """Batches this rank's closed windows to Ray; rank 0 also hands Ray its checkpoints."""
+
+    def __init__(self, rank: int, world_size: int, report_interval: float, collective_device,
+                 sharded: bool = False):
+        self.rank, self.world_size = rank, world_size
+        self.report_interval = report_interval
+        self.collective_device = collective_device  # where a tensor for the backend lives
+        self.unsent: list[dict[str, Any]] = []
+        self.last_sent = self.last_preemption_check = time.perf_counter()
+        self.sharded = sharded
+        self.writer = None
+        storage = ray.train.get_context().get_storage()
+        if sharded:  # FSDP: every rank writes its shards
+            self.writer = ShardedCheckpointWriter(storage.storage_filesystem,
+                                                  storage.build_checkpoint_path_from_name, rank)
+        elif rank == 0:
+            self.writer = CheckpointWriter(storage.storage_filesystem,
+                                           storage.build_checkpoint_path_from_name)
+
+    def agree(self, loss_bad: bool, weights_bad: bool) -> tuple[bool, bool, list[int], list[int]]:
+        """One all-reduce: whether a send is due (rank 0's clock: ``report_interval`` has
+        passed and no checkpoint is being written, as Ray keeps reports in order),
+        whether a preemption check is due (rank 0's clock again), and which ranks saw a
+        non-finite loss, and non-finite weights."""
+        now = time.perf_counter()
+        due = self.rank == 0 and now - self.last_sent >= self.report_interval and self.writer.idle()
+        check = self.rank == 0 and now - self.last_preemption_check >= PREEMPTION_CHECK_S
+        flags = torch.zeros(2 + 2 * self.world_size, device=self.collective_device)
+        flags[0], flags[1] = float(due), float(check)
+        flags[2 + self.rank] = float(loss_bad)
+        flags[2 + self.world_size + self.rank] = float(weights_bad)
+        dist.all_reduce(flags)
+        values = flags.tolist()
+        bad_loss = [r for r in range(self.world_size) if values[2 + r]]
+        bad_weights = [r for r in range(self.world_size) if values[2 + self.world_size + r]]
+        if values[1] > 0:
+            self.last_preemption_check = now
+        return values[0] > 0 or self.report_interval <= 0, values[1] > 0, bad_loss, bad_weights
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.unsent.append(row)
+
+    def send(self) -> None:
+        ray.train.report(self._payload(), checkpoint=None)
+
+    def send_with_checkpoint(self, parts, state, config: dict[str, Any], final: bool = False) -> None:
+        """Save a checkpoint and report it; every rank reports. Training waits only for a
+        copy of the state in host memory: Ray's upload thread (ASYNC) then writes the
+        files straight into run storage while training goes on. DDP: rank 0 saves the
+        whole state. FSDP: every rank saves its shards into the same folder, and the last
+        checkpoint (``final``) also gets the whole model in model.pt. Ray needs a local
+        folder to hand the upload thread (an empty one here, which it deletes); it keeps
+        reports in order, so checkpoints land in order and each is whole before it counts."""
+        rng = [None] * self.world_size
+        dist.all_gather_object(rng, capture_rng(parts.devices))  # every rank's RNG goes into the file
+        state.rng = rng
+        name = checkpoint_dir_name(state.step)
+        if self.writer is None:  # DDP, ranks other than 0
+            ray.train.report(self._payload(), checkpoint=None, checkpoint_dir_name=name)
+            return
+        if self.sharded:
+            snapshot = self.writer.snapshot(parts.model, parts.optimizer, state, config, parts.stateful(),
+                                            name, with_model=final)
+        else:
+            snapshot = self.writer.snapshot(parts.model, parts.optimizer, state, config, self.rank,
+                                            parts.stateful())
+        writer = self.writer
+
+        def write_to_storage(_local: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
+            return ray.train.Checkpoint(writer.write(snapshot, dir_name), writer.fs)
+
+        ray.train.report(
+            self._payload(),
+            checkpoint=ray.train.Checkpoint.from_directory(tempfile.mkdtemp(prefix="ray_ddp_ckpt_")),
+            checkpoint_dir_name=name,
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            checkpoint_upload_fn=write_to_storage,
+        )
+
+    def _payload(self) -> dict[str, Any]:
+        """The newest row at the top (Ray keeps it with a checkpoint), older unsent rows
+        under ``earlier``; MetricsCallback unpacks them in order."""
+        *earlier, latest = self.unsent
+        self.unsent, self.last_sent = [], time.perf_counter()
+        return {**latest, "earlier": earlier} if earlier else latest

@@ -1,0 +1,115 @@
+"""The package's shape, kept by a test: its imports, walked with ``ast``, have no cycle;
+the code that runs on workers (``worker/``, ``parallel/``) never reaches into the driver
+or the CLI; the driver, the cluster code and the CLI never import torch.distributed;
+and no module is longer than a newcomer reads in one sitting."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ray_ddp"
+MAX_LINES = 350
+# subpackage -> what its modules may never import (function-level imports included)
+FORBIDDEN = {
+    "worker": ("ray_ddp.driver", "ray_ddp.cli"),
+    "parallel": ("ray_ddp.driver", "ray_ddp.cli"),
+    "driver": ("torch.distributed",),
+    "cluster": ("torch.distributed",),
+    "cli": ("torch.distributed",),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path, top_level_only: bool) -> set[str]:
+    """The modules a file imports (``from ray_ddp.x import y`` counts ray_ddp.x, and
+    ray_ddp.x.y when that is a module); ``top_level_only``: the ones run at import time
+    (not inside a function, and not under ``if TYPE_CHECKING``)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    known = modules()
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph = {}
+    for name, path in known.items():
+        deps = set()
+        for target in imports_of(path, top_level_only=True):
+            # importing ray_ddp.a.b runs ray_ddp/__init__ and ray_ddp/a/__init__ first
+            parts = target.split(".")
+            deps.update(".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in known)
+        graph[name] = deps - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            # a package's __init__ importing its own modules is how packages work
+            if node.startswith(dep + "."):
+                continue
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state:
+                cycle = visit(dep)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+def test_the_package_imports_have_no_cycle():
+    cycle = find_cycle(import_graph())
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_worker_code_never_imports_the_driver_and_the_driver_never_torch_distributed():
+    broken = []
+    for name, path in modules().items():
+        parts = name.split(".")
+        rules = FORBIDDEN.get(parts[1], ()) if len(parts) > 1 else ()
+        for target in imports_of(path, top_level_only=False):
+            broken += [f"{name} imports {target}" for rule in rules
+                       if target == rule or target.startswith(rule + ".")]
+    assert not broken, broken
+
+
+def test_no_module_is_longer_than_350_lines():
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def test_every_module_opens_with_a_docstring():
+    missing = [name for name, path in modules().items() if not ast.get_docstring(ast.parse(path.read_text()))]
+    assert not missing, missing
