@@ -4,33 +4,34 @@ or, after a restart within the run, the newer one Ray hands back. Runs on worker
 
 from __future__ import annotations
 
-import ray
+from typing import Optional
+
 import ray.train
-import ray.train.torch
 import torch
 from torch import nn
-from ray_ddp.errors import CheckpointError
+
 from ray_ddp.checkpoint.format import TrainState
 from ray_ddp.checkpoint.load import load_checkpoint
+from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from ray_ddp.checkpoint.verify import verify_checkpoint
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, load_sharded_checkpoint
+from ray_ddp.errors import CheckpointError
 from ray_ddp.storage import resolve_storage
 
 
-def load_checkpoint_to_resume(cfg: TrainConfig, loop_config: dict, model: nn.Module,
-                              optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
-    """Load into the bare model the checkpoint the driver checked and announced
+def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newest_at_start: Optional[str],
+                              model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
+    """Load into the model (bare under DDP, sharded in place under FSDP) the checkpoint the driver checked and announced
     (``resume_from``), or, after a restart within this run, the newer one Ray hands back
     (newer than any that existed when the run began); a fresh TrainState if neither.
     Every file is checked against its meta.json (size and CRC-32) before it is loaded."""
     store = resolve_storage(cfg.storage)
     candidates = []
     latest = ray.train.get_checkpoint()
-    if latest is not None and _dir_name(latest.path) > (loop_config["newest_at_start"] or ""):
+    if latest is not None and _dir_name(latest.path) > (newest_at_start or ""):
         candidates.append(latest)  # written by this run before a worker died
-    if loop_config["resume_from"] is not None:
-        path = f"{store.run_path(cfg.name)}/{loop_config['resume_from']}"
+    if resume_from is not None:
+        path = f"{store.run_path(cfg.name)}/{resume_from}"
         candidates.append(ray.train.Checkpoint(path, store.fs))
     problems = []
     for checkpoint in candidates:

@@ -58,12 +58,11 @@ class ShardedCheckpointWriter:
     def idle(self) -> bool:
         return self._idle.is_set()
 
-    def snapshot(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
-                 config: dict[str, Any], stateful: dict[str, Any], dir_name: str,
-                 with_model: bool) -> ShardedSnapshot:
+    def snapshot(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict[str, Any],
+                 state: TrainState, config: dict[str, Any], dir_name: str, final: bool) -> ShardedSnapshot:
         """Start writing this rank's shards (training waits only for DCP's copy to host
-        memory); with ``with_model``, also gather the whole model to rank 0 (every rank
-        takes part)."""
+        memory); at the run's end (``final``), also gather the whole model to rank 0
+        (every rank takes part)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
             get_state_dict
@@ -76,7 +75,7 @@ class ShardedCheckpointWriter:
         future = dcp.async_save(tensors, storage_writer=dcp.FileSystemWriter(folder),
                                 process_group=self.group)
         snapshot = ShardedSnapshot(future=future, folder=folder)
-        if with_model:
+        if final:
             full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                         cpu_offload=True))
             snapshot.model = full if self.rank == 0 else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.plan import WorkerPlan
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.driver.failures import RestartState, describe_loss, summarize_failure
 from ray_ddp.cluster.runtime_env import train_controller_env, worker_runtime_env
@@ -30,7 +31,7 @@ def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placemen
         while True:
             try:
                 with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
-                    _fit(cfg, store, placement, _loop_config(cfg, scan, objects), objects)
+                    _fit(cfg, store, placement, plan_workers(cfg, scan, objects), objects)
                 break
             except TrainingError as err:
                 scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
@@ -55,14 +56,15 @@ def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placemen
                   stretches=world_stretches(table) if table is not None and table.num_rows else None)
 
 
-def _loop_config(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]) -> dict[str, Any]:
+def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]) -> WorkerPlan:
+    """All a worker receives: the resolved config, where to resume, where the run ends,
+    and the Python API's objects, pickled here (Ray Train's controller only hands them
+    on, and could not import a user's module that only the workers' PYTHONPATH holds)."""
     from ray import cloudpickle
 
-    return {"config": cfg.to_dict(), "resume_from": scan.latest, "newest_at_start": scan.newest,
-            "total_steps": planned_steps(cfg, scan.meta),
-            # pickled here: Ray Train's controller only hands them on, and could not import
-            # a user's module that only the workers' PYTHONPATH holds
-            "objects": cloudpickle.dumps({k: v for k, v in objects.items() if v is not None})}
+    return WorkerPlan(config=cfg, resume_from=scan.latest, newest_at_start=scan.newest,
+                      total_steps=planned_steps(cfg, scan.meta),
+                      objects=cloudpickle.dumps({k: v for k, v in objects.items() if v is not None}))
 
 
 def _decide_restart(err: "TrainingError", restarts: RestartState, cfg: TrainConfig,
@@ -89,7 +91,7 @@ def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:
 
 
 def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
-         loop_config: dict[str, Any], objects: dict[str, Any]) -> None:
+         plan: WorkerPlan, objects: dict[str, Any]) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -98,7 +100,7 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
 
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=loop_config,
+        train_loop_config=plan,
         torch_config=TorchConfig(backend=placement.backend),
         scaling_config=ScalingConfig(
             num_workers=placement.num_workers(),  # (MIN, MAX): Ray's elastic policy
@@ -113,7 +115,7 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
             # a preemption restart is counted apart from failures (Ray tells them apart)
             failure_config=FailureConfig(max_failures=cfg.max_failures or 0,
                                          max_preemption_failures=cfg.max_preemptions),
-            callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, loop_config["total_steps"],
+            callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps,
                                        tensorboard=cfg.tensorboard, keep=cfg.keep, keep_best=cfg.keep_best)],
             worker_runtime_env=worker_runtime_env(cfg, [v for v in objects.values() if v is not None]),
         ),

@@ -92,6 +92,10 @@ class GPT(nn.Module):
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """What FSDP shards as one unit each: the transformer blocks."""
+        return list(self.blocks)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.tokens(ids) + self.positions(positions)

@@ -1,12 +1,39 @@
-"""DDP: the bare model wrapped for this worker's devices. Runs on workers.
-"""
+"""DDP: the bare model wrapped for this worker's devices, gradients reduced in backward,
+rank 0 writing the whole checkpoint. Runs on workers."""
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
+
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ray_ddp.checkpoint.writer import CheckpointWriter
+from ray_ddp.parallel.strategy import Strategy, no_context
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+
+    def setup_module(self, model: nn.Module, devices: Sequence[torch.device]) -> nn.Module:
+        cfg = self.cfg
+        return wrap_ddp(model, devices, cfg.find_unused_parameters, bucket_view=not cfg.plain_ddp,
+                        static_graph=cfg.static_graph, bucket_mb=cfg.bucket_mb)
+
+    def no_backward_sync(self, wrapped: nn.Module, sync: bool):
+        return no_context() if sync else wrapped.no_sync()
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Gradients that are views into DDP's buckets are zeroed in place: set to None,
+        they are reallocated every step and the bucket view saves nothing (as torch's
+        docstring of gradient_as_bucket_view says)."""
+        optimizer.zero_grad(set_to_none=self.cfg.plain_ddp)
+
+    def checkpoint_writer(self, storage, rank: int) -> Optional[CheckpointWriter]:
+        if rank != 0:
+            return None  # rank 0 saves the whole state
+        return CheckpointWriter(storage.storage_filesystem, storage.build_checkpoint_path_from_name)
 
 
 def wrap_ddp(model: nn.Module, devices: Sequence[torch.device], find_unused_parameters: bool = False,
@@ -20,9 +47,9 @@ def wrap_ddp(model: nn.Module, devices: Sequence[torch.device], find_unused_para
     ``bucket_view``: each parameter's gradient is a view into DDP's all-reduce bucket
     (``gradient_as_bucket_view``), so backward writes it where the all-reduce reads it:
     no copy in and out of the buckets every step, no second gradient-sized buffer. Safe
-    for the loop's own optimizers, clipping and scaler, which update gradients in place
-    or set them to None, never replace them. ``static_graph`` and ``bucket_mb`` are DDP's
-    own ``static_graph`` and ``bucket_cap_mb``; None keeps DDP's default.
+    for the loop's own optimizers, clipping and scaler, which update gradients in place,
+    never replace them. ``static_graph`` and ``bucket_mb`` are DDP's own
+    ``static_graph`` and ``bucket_cap_mb``; None keeps DDP's default.
     """
     options = dict(find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=bucket_view,
                    static_graph=static_graph)

@@ -17,11 +17,15 @@ parameter in two units.
 from __future__ import annotations
 
 import importlib
-from typing import Optional
+from typing import Optional, Sequence
+
 import torch
 from torch import nn
-from ray_ddp.errors import ConfigError
+
+from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.errors import ConfigError
+from ray_ddp.parallel.strategy import Strategy, no_context
 
 
 def wrap_classes(spec: Optional[str]) -> list:
@@ -64,10 +68,9 @@ def shard_units(model: nn.Module, cfg: TrainConfig) -> list[nn.Module]:
                 units.append(module)
                 inside.update(id(m) for m in module.modules())
         return units
-    from ray_ddp.models.builtin import GPT, Block
-
-    if isinstance(model, GPT):
-        return [m for m in model.modules() if isinstance(m, Block)]
+    declared = getattr(model, "fsdp_units", None)  # a model that names its own (the gpt's blocks)
+    if callable(declared):
+        return list(declared())
     children = [c for c in model.children() if any(True for _ in c.parameters())]
     owners: dict[int, int] = {}
     for child in children:
@@ -84,6 +87,31 @@ def check_fsdp_wrap(cfg: TrainConfig, model: nn.Module) -> int:
         raise ConfigError(f"--fsdp-wrap {cfg.fsdp_wrap} names no module of model {cfg.model}; "
                           "name a class the model holds (e.g. its transformer block)")
     return len(units)
+
+
+class FSDPStrategy(Strategy):
+    """FSDP2: the whole model built in host memory, then only this rank's shards go to the
+    GPU; every rank writes its own shards; FSDP's mixed precision casts the parameters
+    itself, so no autocast runs on top of it."""
+
+    name = "fsdp"
+    forward_is_collective = True
+
+    def build_devices(self, devices: Sequence[torch.device]) -> list[torch.device]:
+        return [torch.device("cpu")]
+
+    def setup_module(self, model: nn.Module, devices: Sequence[torch.device]) -> nn.Module:
+        return shard_model(model, self.cfg, devices[0])  # before the optimizer: it holds the shards
+
+    def no_backward_sync(self, wrapped: nn.Module, sync: bool):
+        wrapped.set_requires_gradient_sync(sync)
+        return no_context()
+
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        return None
+
+    def checkpoint_writer(self, storage, rank: int) -> ShardedCheckpointWriter:
+        return ShardedCheckpointWriter(storage.storage_filesystem, storage.build_checkpoint_path_from_name, rank)
 
 
 def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:

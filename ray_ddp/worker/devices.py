@@ -1,17 +1,16 @@
-"""A worker's devices, from Ray, and its peak memory. Runs on workers.
-"""
+"""A worker's devices, from Ray, and its peak memory. Runs on workers."""
 
 from __future__ import annotations
 
-import ray
-import ray.train
-import ray.train.torch
-import torch
-from ray_ddp.config.train import TrainConfig
 import resource
 
+import ray.train.torch
+import torch
 
-def _worker_devices(cfg: TrainConfig) -> list[torch.device]:
+from ray_ddp.config.train import TrainConfig
+
+
+def worker_devices(cfg: TrainConfig) -> list[torch.device]:
     """This worker's devices, from Ray; a two-stage model on one device uses it twice."""
     devices = list(ray.train.torch.get_devices()) if cfg.gpus_per_worker else [torch.device("cpu")]
     if devices[0].type == "cuda":

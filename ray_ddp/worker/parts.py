@@ -1,24 +1,30 @@
-"""What a step touches, built from the plan: optimizer, learning-rate schedule, and the
-parts bundled for the loop. Runs on workers.
-"""
+"""What a step touches, built from the plan: the model set up by the strategy, its
+optimizer, learning-rate schedule and scaler, with the checkpoint loaded. Runs on
+workers."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ray_ddp.checkpoint.format import TrainState
+from ray_ddp.checkpoint.resume import load_checkpoint_to_resume
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.models.build import build_model
+from ray_ddp.parallel.strategy import Strategy
+from ray_ddp.plan import WorkerPlan
 
 
 @dataclass
 class TrainParts:
     """What a step touches: the model (bare under DDP, which a checkpoint saves; sharded
-    in place under FSDP), its parallel wrapper (the DDP module, or the FSDP model itself),
-    what runs the forward pass (the wrapper, or its torch.compile), optimizer, LR
-    schedule, scaler, and this worker's devices (whose RNG a checkpoint keeps)."""
+    in place under FSDP), what the forward and backward run through (the strategy's
+    wrapper, or its torch.compile), optimizer, LR schedule, scaler, this worker's devices
+    (whose RNG a checkpoint keeps) and the strategy."""
 
     model: nn.Module
     wrapped: nn.Module
@@ -27,24 +33,42 @@ class TrainParts:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     devices: list[torch.device]
-    grads_in_buckets: bool = False  # DDP's gradient_as_bucket_view
+    strategy: Strategy
 
     def zero_grad(self) -> None:
-        """Gradients that are views into DDP's buckets are zeroed in place: set to None,
-        they are reallocated every step and the bucket view saves nothing (as torch's
-        docstring of gradient_as_bucket_view says)."""
-        self.optimizer.zero_grad(set_to_none=not self.grads_in_buckets)
+        self.strategy.zero_grad(self.optimizer)
+
+    def no_backward_sync(self, sync: bool):
+        return self.strategy.no_backward_sync(self.wrapped, sync)
+
+    def autocast(self):
+        dtype = self.strategy.autocast_dtype()
+        return torch.autocast(self.devices[0].type, dtype=dtype, enabled=dtype is not None)
 
     def stateful(self) -> dict:
         return {"scheduler": self.scheduler, "scaler": self.scaler}
 
-    def gradient_sync(self, sync: bool):
-        """Whether this micro-batch's backward reduces gradients across the ranks: only
-        the last of a step does; the others accumulate locally."""
-        if isinstance(self.wrapped, DDP):
-            return contextlib.nullcontext() if sync else self.wrapped.no_sync()
-        self.wrapped.set_requires_gradient_sync(sync)  # FSDP
-        return contextlib.nullcontext()
+
+def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices: list[torch.device],
+                given_model: Any) -> tuple[TrainParts, TrainState]:
+    """The model on the strategy's devices, set up for the ranks, its optimizer, schedule
+    and scaler, and the checkpoint loaded into them (``TrainState()`` for a new run).
+    The same seed on every rank gives the same initial weights (DDP also broadcasts rank
+    0's at wrap time); the checkpoint, loaded into the bare model after wrapping (the
+    parameters are the same tensors), makes them the saved ones."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, strategy.build_devices(devices), given_model)
+    if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    wrapped = strategy.setup_module(model, devices)  # before the optimizer: FSDP's shards
+    optimizer = build_optimizer(cfg, model)
+    scheduler = build_scheduler(cfg, optimizer, plan.total_steps)
+    scaler = torch.amp.GradScaler(devices[0].type, enabled=cfg.amp == "fp16")
+    parts = TrainParts(model, wrapped, torch.compile(wrapped) if cfg.compile else wrapped,
+                       optimizer, scheduler, scaler, devices, strategy)
+    state = load_checkpoint_to_resume(cfg, plan.resume_from, plan.newest_at_start, model, optimizer,
+                                      parts.stateful())
+    return parts, state
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

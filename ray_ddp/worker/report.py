@@ -22,8 +22,6 @@ import ray.train
 import torch
 import torch.distributed as dist
 from ray_ddp.checkpoint.format import capture_rng, checkpoint_dir_name
-from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter
-from ray_ddp.checkpoint.writer import CheckpointWriter
 
 
 # Least seconds between two preemption checks: each is a barrier through Ray (about 4 ms,
@@ -35,22 +33,13 @@ PREEMPTION_CHECK_S = 1.0
 class Reporter:
     """Batches this rank's closed windows to Ray; rank 0 also hands Ray its checkpoints."""
 
-    def __init__(self, rank: int, world_size: int, report_interval: float, collective_device,
-                 sharded: bool = False):
+    def __init__(self, rank: int, world_size: int, report_interval: float, collective_device, writer):
         self.rank, self.world_size = rank, world_size
         self.report_interval = report_interval
         self.collective_device = collective_device  # where a tensor for the backend lives
         self.unsent: list[dict[str, Any]] = []
         self.last_sent = self.last_preemption_check = time.perf_counter()
-        self.sharded = sharded
-        self.writer = None
-        storage = ray.train.get_context().get_storage()
-        if sharded:  # FSDP: every rank writes its shards
-            self.writer = ShardedCheckpointWriter(storage.storage_filesystem,
-                                                  storage.build_checkpoint_path_from_name, rank)
-        elif rank == 0:
-            self.writer = CheckpointWriter(storage.storage_filesystem,
-                                           storage.build_checkpoint_path_from_name)
+        self.writer = writer  # the strategy's (None on a rank that writes nothing)
 
     def agree(self, loss_bad: bool, weights_bad: bool) -> tuple[bool, bool, list[int], list[int]]:
         """One all-reduce: whether a send is due (rank 0's clock: ``report_interval`` has
@@ -58,7 +47,8 @@ class Reporter:
         whether a preemption check is due (rank 0's clock again), and which ranks saw a
         non-finite loss, and non-finite weights."""
         now = time.perf_counter()
-        due = self.rank == 0 and now - self.last_sent >= self.report_interval and self.writer.idle()
+        due = self.rank == 0 and now - self.last_sent >= self.report_interval and (
+            self.writer is None or self.writer.idle())
         check = self.rank == 0 and now - self.last_preemption_check >= PREEMPTION_CHECK_S
         flags = torch.zeros(2 + 2 * self.world_size, device=self.collective_device)
         flags[0], flags[1] = float(due), float(check)
@@ -81,25 +71,20 @@ class Reporter:
     def send_with_checkpoint(self, parts, state, config: dict[str, Any], final: bool = False) -> None:
         """Save a checkpoint and report it; every rank reports. Training waits only for a
         copy of the state in host memory: Ray's upload thread (ASYNC) then writes the
-        files straight into run storage while training goes on. DDP: rank 0 saves the
-        whole state. FSDP: every rank saves its shards into the same folder, and the last
-        checkpoint (``final``) also gets the whole model in model.pt. Ray needs a local
+        files straight into run storage while training goes on. Who writes what is the
+        strategy's writer's (DDP: rank 0 the whole state; FSDP: every rank its shards,
+        and the last checkpoint, ``final``, also the whole model in model.pt). Ray needs a local
         folder to hand the upload thread (an empty one here, which it deletes); it keeps
         reports in order, so checkpoints land in order and each is whole before it counts."""
         rng = [None] * self.world_size
         dist.all_gather_object(rng, capture_rng(parts.devices))  # every rank's RNG goes into the file
         state.rng = rng
         name = checkpoint_dir_name(state.step)
-        if self.writer is None:  # DDP, ranks other than 0
+        if self.writer is None:  # a rank that writes nothing (DDP's ranks other than 0)
             ray.train.report(self._payload(), checkpoint=None, checkpoint_dir_name=name)
             return
-        if self.sharded:
-            snapshot = self.writer.snapshot(parts.model, parts.optimizer, state, config, parts.stateful(),
-                                            name, with_model=final)
-        else:
-            snapshot = self.writer.snapshot(parts.model, parts.optimizer, state, config, self.rank,
-                                            parts.stateful())
         writer = self.writer
+        snapshot = writer.snapshot(parts.model, parts.optimizer, parts.stateful(), state, config, name, final)
 
         def write_to_storage(_local: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
             return ray.train.Checkpoint(writer.write(snapshot, dir_name), writer.fs)

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Optional
 import torch
 
+from ray_ddp.worker.devices import peak_memory_mb
 
-class _BusyClock:
+
+class BusyClock:
     """Seconds this rank spends on its own work (data and forward pass), outside the
     gradient all-reduce in backward, where every rank waits for the slowest: in DDP the
     wall time per step is the same on every rank, so this is what shows a straggler.
@@ -45,14 +47,40 @@ class _BusyClock:
 
 
 @dataclass
-class _Window:
+class WindowState:
     """What this rank did since its previous report: the task's sums (loss over units,
     units, correct predictions), kept on the device so a step never waits for them."""
 
     sums: dict[str, torch.Tensor]
-    busy: _BusyClock
+    busy: BusyClock
     steps: int = 0
     samples: int = 0
     started: float = 0.0
     # set (on the device, no sync) once any micro-batch's loss was NaN or infinite
     loss_bad: Optional[torch.Tensor] = None
+
+    @classmethod
+    def start(cls, device: torch.device, out_device: torch.device, at: Optional[float] = None) -> "WindowState":
+        return cls(sums={}, busy=BusyClock(device), started=time.perf_counter() if at is None else at,
+                   loss_bad=torch.zeros((), dtype=torch.bool, device=out_device))
+
+    def add(self, sums: dict[str, torch.Tensor], rows: int) -> None:
+        """One micro-batch's sums (detached, on the device: no sync)."""
+        for key, value in sums.items():
+            self.sums[key] = self.sums.get(key, 0) + (value.detach() if torch.is_tensor(value) else value)
+        self.loss_bad |= ~torch.isfinite(sums["loss"].detach())
+        self.samples += rows
+
+
+def window_row(window: WindowState, task, ended: float, *, epoch: int, step: int, rank: int,
+               world_size: int, node_rank: int, node_id: str, lr: float, device: torch.device) -> dict:
+    """This rank's metrics.parquet row for a window that ended at ``ended``."""
+    elapsed = ended - window.started
+    totals = {k: float(v) for k, v in window.sums.items()}  # one device sync per window, not per step
+    return {
+        "epoch": epoch + 1, "step": step, "rank": rank, "node_rank": node_rank, "node_id": node_id,
+        "world_size": world_size, **task.metrics(totals), "samples": window.samples,
+        "step_time_s": elapsed, "busy_s": window.busy.read(),
+        "samples_per_s": window.samples / elapsed if elapsed > 0 else 0.0,
+        "time": time.time(), "lr": lr, "units": totals.get("units", 0.0), **peak_memory_mb(device),
+    }

@@ -79,14 +79,14 @@ def test_two_workers_share_one_gpu_over_gloo(ray_gpu, tmp_path):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from ray_ddp.plan import WorkerPlan
     from ray_ddp.worker.loop import train_loop_per_worker
 
     cfg = TrainConfig(workers=2, gpus_per_worker=1, backend="gloo", epochs=1, steps_per_epoch=5,
                       report_every=5, storage=str(tmp_path), name="shared")
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "resume_from": None, "newest_at_start": None,
-                           "total_steps": 5},
+        train_loop_config=WorkerPlan(config=cfg, resume_from=None, newest_at_start=None, total_steps=5),
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=True,
                                      resources_per_worker={"CPU": 1, "GPU": 0.5}),

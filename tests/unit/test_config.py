@@ -7,7 +7,6 @@ import pytest
 from ray_ddp.cli.main import build_parser, config_from_args
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.config.flags import render_flag_table
 
 
 def parse(argv):
@@ -81,15 +80,6 @@ def test_bad_yaml_files(tmp_path):
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         TrainConfig.from_yaml(str(listy))
-
-
-def test_readme_flag_table_is_generated_from_the_fields():
-    import pathlib
-
-    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    assert render_flag_table() in readme, (
-        "README flag table is stale: paste the output of "
-        "python -c 'from ray_ddp.config import render_flag_table as r; print(r())'")
 
 
 def test_workers_takes_a_number_or_an_elastic_range_from_flags_yaml_and_python(tmp_path):

@@ -98,20 +98,18 @@ def test_keep_best_is_left_to_the_driver_that_knows_about_val_data():
 
 
 def test_bucket_view_gradients_are_zeroed_in_place(one_rank_group):
-    from ray_ddp.parallel.ddp import wrap_ddp
-    from ray_ddp.worker.parts import TrainParts
+    from ray_ddp.parallel.ddp import DDPStrategy
 
     model = nn.Linear(4, 2)
-    ddp = wrap_ddp(model, [torch.device("cpu")], bucket_view=True)
+    strategy = DDPStrategy(TrainConfig())  # gradient_as_bucket_view, unless --plain-ddp
+    ddp = strategy.setup_module(model, [torch.device("cpu")])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    parts = TrainParts(model, ddp, ddp, optimizer, None, None, [torch.device("cpu")],
-                       grads_in_buckets=ddp.gradient_as_bucket_view)
     for _ in range(2):  # DDP rebuilds its buckets after the first backward
         ddp(torch.randn(3, 4)).sum().backward()
-        parts.zero_grad()
+        strategy.zero_grad(optimizer)
     ddp(torch.randn(3, 4)).sum().backward()
     before = model.weight.grad.data_ptr()
-    parts.zero_grad()
+    strategy.zero_grad(optimizer)
     assert model.weight.grad is not None and model.weight.grad.abs().sum() == 0
     ddp(torch.randn(3, 4)).sum().backward()
     assert model.weight.grad.data_ptr() == before  # still the bucket's memory

@@ -18,7 +18,7 @@ def test_a_failed_upload_keeps_its_copy_for_the_retry(tmp_path):
     fs = flaky_fs(fail_opens=1, match=MODEL_FILE)  # the first write of model.pt fails
     writer = CheckpointWriter(fs, lambda name: str(tmp_path / name))
 
-    first = writer.snapshot(model, opt, TrainState(1, 10), {}, 0, {})
+    first = writer.snapshot(model, opt, {}, TrainState(1, 10), {}, "unused", False)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(OSError, match="NETWORK_CONNECTION"):
         writer.write(first, "step-00000010")
@@ -26,7 +26,7 @@ def test_a_failed_upload_keeps_its_copy_for_the_retry(tmp_path):
 
     with torch.no_grad():  # training goes on, then the next checkpoint is copied
         model.net1.weight.add_(1.0)
-    second = writer.snapshot(model, opt, TrainState(2, 20), {}, 0, {})
+    second = writer.snapshot(model, opt, {}, TrainState(2, 20), {}, "unused", False)
     assert second.model["net1.weight"].data_ptr() != first.model["net1.weight"].data_ptr()
 
     writer.write(first, "step-00000010")  # Ray's retry of the first upload
@@ -35,6 +35,6 @@ def test_a_failed_upload_keeps_its_copy_for_the_retry(tmp_path):
     assert all(torch.equal(written[k], saved[k]) for k in saved), "the first state, untorn"
 
     writer.write(second, "step-00000020")
-    third = writer.snapshot(model, opt, TrainState(3, 30), {}, 0, {})
+    third = writer.snapshot(model, opt, {}, TrainState(3, 30), {}, "unused", False)
     # now the second copy's upload is final, so its memory is reused
     assert third.model["net1.weight"].data_ptr() == second.model["net1.weight"].data_ptr()

@@ -1,0 +1,82 @@
+"""Strategy: everything that differs between DDP and FSDP, behind one interface, so the
+loop calls it and never branches on which it is (Lightning Fabric's strategies are the
+model). Runs on workers.
+
+A strategy decides where the model is built, how it is wrapped for the ranks, whether a
+micro-batch's backward reduces gradients, how gradients are zeroed, whether autocast is
+needed, whether a forward is a collective (so every rank runs as many), and who writes
+a checkpoint and how.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Strategy:
+    """The interface, with what both share."""
+
+    name = ""
+    # whether a forward gathers from every rank (validation then gives each rank as many
+    # batches, the shorter parts ending with an empty one)
+    forward_is_collective = False
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def build_devices(self, devices: Sequence[torch.device]) -> list[torch.device]:
+        """Where the model is built before ``setup_module``."""
+        return list(devices)
+
+    def setup_module(self, model: nn.Module, devices: Sequence[torch.device]) -> nn.Module:
+        """The module the forward and backward run through (the model may change in place)."""
+        raise NotImplementedError
+
+    def no_backward_sync(self, wrapped: nn.Module, sync: bool) -> ContextManager:
+        """Whether this micro-batch's backward reduces gradients across the ranks: only the
+        last of a step does; the others accumulate locally."""
+        raise NotImplementedError
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        """The dtype of the forward's autocast, None for none."""
+        return _AMP_DTYPES.get(self.cfg.amp)
+
+    def checkpoint_writer(self, storage, rank: int):
+        """This rank's checkpoint writer, or None for a rank that writes nothing."""
+        raise NotImplementedError
+
+    def sync_buffers(self, model: nn.Module, collective_device: torch.device) -> None:
+        """Give every rank rank 0's buffers (BatchNorm's running statistics). Each rank's
+        forward updates its own from its own rows, so they drift apart within a step; DDP
+        broadcasts rank 0's at each forward, and this does the same before validation and
+        a checkpoint, so every rank validates with, and hashes, the buffers rank 0 saves."""
+        if dist.get_world_size() == 1:
+            return
+        for buffer in model.buffers():
+            if hasattr(buffer, "to_local"):
+                continue  # a DTensor: FSDP keeps it consistent itself
+            if buffer.device == collective_device:
+                dist.broadcast(buffer, src=0)
+            else:  # gloo on CPU for buffers on a GPU (a two-stage model on gloo, never NCCL)
+                staged = buffer.to(collective_device)
+                dist.broadcast(staged, src=0)
+                buffer.copy_(staged)
+
+
+def no_context() -> ContextManager:
+    return contextlib.nullcontext()
+
+
+def checkpoint_snapshot_args(parts: Any) -> dict[str, Any]:
+    """What every writer's snapshot takes from the loop's parts."""
+    return {"model": parts.model, "optimizer": parts.optimizer, "stateful": parts.stateful()}
