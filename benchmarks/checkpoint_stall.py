@@ -11,6 +11,8 @@ arm every kept checkpoint is: complete and consistent, not only fast.
 
     python benchmarks/checkpoint_stall.py              # the README's figures
     python benchmarks/checkpoint_stall.py --rounds 1 --steps-per-epoch 5   # quicker
+The figures also go to benchmarks/results/checkpoint_stall-<machine>-<date>.json
+(--results-dir, --no-save; see benchmarks/_results.py).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def check_checkpoints(run_dir: str) -> list[str]:
     """Every checkpoint left: its files match meta.json, and both load with weights_only."""
     import torch
 
-    from ray_ddp.checkpoint import verify_checkpoint
+    from ray_ddp.checkpoint.verify import verify_checkpoint
 
     names = sorted(n for n in os.listdir(run_dir) if n.startswith("step-"))
     for name in names:
@@ -78,6 +80,10 @@ def main() -> None:
     parser.add_argument("--steps-per-epoch", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="write every round's raw figures here")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _results import add_result_args, save_result
+
+    add_result_args(parser)
     args = parser.parse_args()
     params = 256 * args.width + (args.depth - 1) * args.width**2 + args.width * 16 + args.depth * args.width + 16
     results = []
@@ -103,6 +109,20 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "parameters": params, "rounds": results, "median": median}, f, indent=1)
+    per_round = []
+    for i, (first, second) in enumerate(zip(results[0::2], results[1::2])):
+        per_round.append({"round": i + 1, "order": [first["arm"], second["arm"]],
+                          "arms": {r["arm"]: {"samples_per_s": r["samples_per_s"],
+                                              "checkpoints_checked": r["checkpoints_checked"]}
+                                   for r in (first, second)},
+                          "paired_ratio": paired[i]})
+    save_result(args, "checkpoint_stall", {
+        "setup": f"MLP of {params / 1e6:.1f}M parameters, {args.workers} workers x batch {args.batch_size}, "
+                 f"{args.epochs} epochs x {args.steps_per_epoch} steps, {os.cpu_count()} CPUs",
+        "parameters": params, "baseline": "no checkpoints", "paired_rounds": args.rounds,
+        "samples_per_s": median, "ratio": median["checkpoint every epoch"] / base,
+        "paired_ratio": statistics.median(paired), "paired_ratio_all": paired,
+    }, per_round)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ epoch over rank 0's wall time for them (its metrics rows), so reading the files 
 the first step) is not in it; the arms' wall times are shown too.
 
     python benchmarks/data_throughput.py
+The figures also go to benchmarks/results/data_throughput-<machine>-<date>.json
+(--results-dir, --no-save; see benchmarks/_results.py).
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _results import add_result_args, save_result
+
+    add_result_args(parser)
     args = parser.parse_args()
     data = os.path.join(tempfile.mkdtemp(prefix="bench_parquet_"), "set")
     subprocess.run([sys.executable, "-m", "ray_ddp", "data", "synth", "--rows", str(args.rows),
@@ -85,7 +91,7 @@ def main() -> None:
             order = list(arms)[shift:] + list(arms)[:shift]
             for name in order:
                 r = run_arm(name, args, arms[name])
-                results.append(r)
+                results.append({**r, "round": round_no})
                 print(f"round {round_no + 1}/{args.rounds} {name}: {r['samples_per_s']:.0f} samples/s, "
                       f"wall {r['wall_s']:.1f} s", flush=True)
     finally:
@@ -98,6 +104,28 @@ def main() -> None:
     print("| data | steady samples/s | x synthetic | wall s |\n|---|---|---|---|")
     for name in arms:
         print(f"| {name} | {median[name]:.0f} | {median[name] / median['synthetic']:.3f} | {wall[name]:.1f} |")
+    # paired: each arm's samples/s over the synthetic run's in the same round
+    per_round = []
+    for round_no in range(args.rounds):
+        mine = [r for r in results if r["round"] == round_no]
+        runs = {r["arm"]: {"samples_per_s": r["samples_per_s"], "wall_s": r["wall_s"]} for r in mine}
+        per_round.append({"round": round_no + 1, "order": [r["arm"] for r in mine], "arms": runs,
+                          "paired_ratio": {n: runs[n]["samples_per_s"] / runs["synthetic"]["samples_per_s"]
+                                           for n in runs}})
+    rows = []
+    for name in arms:
+        paired = [r["paired_ratio"][name] for r in per_round]
+        rows.append({"arm": name, "samples_per_s": median[name],
+                     "baseline_samples_per_s": median["synthetic"],
+                     "x_baseline": median[name] / median["synthetic"],
+                     "paired_ratio": statistics.median(paired), "paired_ratio_all": paired,
+                     "wall_s": wall[name]})
+    save_result(args, "data_throughput", {
+        "setup": f"{args.rows} rows x {args.features} features -> {args.targets} targets in {args.files} "
+                 f"parquet files; MLP {args.depth} x {args.width}, 2 workers x batch {args.batch_size}, "
+                 f"{args.epochs} epochs, {os.cpu_count()} CPUs",
+        "baseline": "synthetic", "paired_rounds": args.rounds, "arms": rows,
+    }, per_round)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ Each arm is a `python -m ray_ddp train` subprocess; the rounds alternate the arm
 
     python benchmarks/fsdp_memory.py                     # the README's figures
     python benchmarks/fsdp_memory.py --width 512 --depth 2 --rounds 1   # seconds (CI)
+
+The figures also go to benchmarks/results/fsdp_memory-<machine>-<date>.json
+(--results-dir, --no-save; see benchmarks/_results.py).
 """
 
 from __future__ import annotations
@@ -64,6 +67,10 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--gpus-per-worker", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _results import add_result_args, save_result
+
+    add_result_args(parser)
     args = parser.parse_args(argv)
     params = 256 * args.width + (args.depth - 1) * args.width ** 2 + args.width * 16
     results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
@@ -75,13 +82,29 @@ def main(argv=None) -> int:
           f"{args.batch_size} per worker, median of {args.rounds} round(s)")
     print("| strategy | peak memory per rank (MB) | samples/s |")
     print("|---|---|---|")
-    peaks = {}
+    peaks, rates = {}, {}
     for arm in ARMS:
         peaks[arm] = statistics.median(r["peak_mb"] for r in results[arm])
-        rate = statistics.median(r["samples_per_s"] for r in results[arm])
+        rate = rates[arm] = statistics.median(r["samples_per_s"] for r in results[arm])
         print(f"| {arm} | {peaks[arm]:,.0f} | {rate:,.0f} |")
     print(f"FSDP's peak is {peaks['fsdp'] / peaks['ddp']:.2f} x DDP's "
           f"({peaks['ddp'] - peaks['fsdp']:,.0f} MB less per rank)")
+    # paired: each round's fsdp run against the ddp run just before it
+    per_round = [{"round": i + 1, "order": list(ARMS), "arms": {arm: results[arm][i] for arm in ARMS},
+                  "peak_ratio": results["fsdp"][i]["peak_mb"] / results["ddp"][i]["peak_mb"],
+                  "samples_ratio": results["fsdp"][i]["samples_per_s"] / results["ddp"][i]["samples_per_s"]}
+                 for i in range(args.rounds)]
+    save_result(args, "fsdp_memory", {
+        "setup": f"mlp {params / 1e6:.1f}M parameters, AdamW, {args.workers} workers ({where}), batch "
+                 f"{args.batch_size} per worker, median of {args.rounds} round(s)",
+        "parameters": params, "baseline": "ddp", "paired_rounds": args.rounds,
+        "memory": "gpu_max_mb" if args.gpus_per_worker else "max_rss_mb",
+        "peak_mb": peaks, "samples_per_s": rates,
+        "peak_ratio": peaks["fsdp"] / peaks["ddp"], "peak_saved_mb": peaks["ddp"] - peaks["fsdp"],
+        "paired_peak_ratio": statistics.median(r["peak_ratio"] for r in per_round),
+        "samples_ratio": rates["fsdp"] / rates["ddp"],
+        "paired_samples_ratio": statistics.median(r["samples_ratio"] for r in per_round),
+    }, per_round, command=None if argv is None else ["python", "benchmarks/fsdp_memory.py", *argv])
     return 0
 
 

@@ -9,6 +9,8 @@ steps; torchrun: rank 0's own clock).
 
     python benchmarks/gpt_tokens.py                     # 2 CPU workers, small sizes
     python benchmarks/gpt_tokens.py --width 512 --depth 8 --seq-len 256 --batch-size 32   # a GPU
+The figures also go to benchmarks/results/gpt_tokens-<machine>-<date>.json (--results-dir,
+--no-save; see benchmarks/_results.py).
 """
 
 from __future__ import annotations
@@ -73,10 +75,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed steps, a multiple of --warmup")
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--rounds", type=int, default=3)
+    sys.path.insert(0, HERE)
+    from _results import add_result_args, save_result
+
+    add_result_args(parser)
     args = parser.parse_args()
     if args.steps % args.warmup:
         raise SystemExit("--steps must be a multiple of --warmup (ray-ddp's clock reads its metrics rows)")
-    from ray_ddp.datasets import write_synthetic
+    from ray_ddp.data.synth_files import write_synthetic
 
     data = tempfile.mkdtemp(prefix="bench_gpt_data_")
     # exactly one epoch of steps, so ray-ddp's derived steps per epoch equal the arms' steps
@@ -98,6 +104,19 @@ def main() -> None:
     for arm in ("torchrun", "ray-ddp"):
         med = statistics.median(results[arm])
         print(f"| {arm} | {med:,.0f} | {med / base:.3f} | {', '.join(f'{v:,.0f}' for v in results[arm])} |")
+    # paired: each round's ray-ddp run against the torchrun run beside it
+    paired = [d / t for t, d in zip(results["torchrun"], results["ray-ddp"])]
+    per_round = [{"round": i + 1, "order": ["torchrun", "ray-ddp"] if i % 2 == 0 else ["ray-ddp", "torchrun"],
+                  "arms": {arm: {"tokens_per_s": results[arm][i]} for arm in results}, "paired_ratio": paired[i]}
+                 for i in range(args.rounds)]
+    save_result(args, "gpt_tokens", {
+        "setup": f"gpt {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
+                 f"{args.batch_size} sequences/worker, {args.workers} workers, {os.cpu_count()} CPUs",
+        "baseline": "torchrun", "paired_rounds": args.rounds,
+        "tokens_per_s": {arm: statistics.median(v) for arm, v in results.items()},
+        "ratio": statistics.median(results["ray-ddp"]) / base,
+        "paired_ratio": statistics.median(paired), "paired_ratio_all": paired,
+    }, per_round)
 
 
 if __name__ == "__main__":

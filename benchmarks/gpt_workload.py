@@ -36,10 +36,11 @@ def main() -> None:
     args = parser.parse_args()
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ray_ddp.data import epoch_order, rows_of_step
-    from ray_ddp.datasets import inspect_table, load_table
-    from ray_ddp.devices import peak_memory_mb
-    from ray_ddp.models import GPT
+    from ray_ddp.data.sources import epoch_order, rows_of_step
+    from ray_ddp.data.table_stats import inspect_table
+    from ray_ddp.data.tables import load_table
+    from ray_ddp.worker.devices import peak_memory_mb
+    from ray_ddp.models.builtin import GPT
 
     use_cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if use_cuda else torch.device("cpu")

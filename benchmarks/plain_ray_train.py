@@ -24,7 +24,7 @@ def train_func(config: dict) -> None:
     sys.path.insert(0, config["benchmarks_dir"])  # the workers' copy of this folder
     from workload import train, write_result
 
-    from ray_ddp.models import build_mlp
+    from ray_ddp.models.builtin import build_mlp
 
     args = argparse.Namespace(**config["args"])
     ctx = ray.train.get_context()

@@ -16,6 +16,8 @@
 
     python benchmarks/preemption.py                 # both, 3 rounds
     python benchmarks/preemption.py --skip-notice   # only the per-step cost
+The figures also go to benchmarks/results/preemption-<machine>-<date>.json (--results-dir,
+--no-save; see benchmarks/_results.py).
 """
 
 from __future__ import annotations
@@ -70,7 +72,33 @@ def train_fn(config: dict) -> None:
             json.dump({"s_per_step": elapsed / config["steps"], "calls": calls}, f)
 
 
-def per_step_cost(args) -> None:
+def per_step_cost(args) -> dict:
+    """Run the per-step arms, print their table; return its figures and the rounds'."""
+    results = run_per_step(args)
+    base = statistics.median(r["s_per_step"] for r in results[ARMS[0]])
+    print(f"per-step cost of the preemption check: 2 gloo workers, mlp 64-512-8, {args.steps} steps, "
+          f"{args.rounds} rounds (medians)")
+    print("| arm | ms per step | x no check | calls per run | ms per call |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for arm in ARMS:
+        per_step = statistics.median(r["s_per_step"] for r in results[arm])
+        calls = statistics.median(r["calls"] for r in results[arm])
+        per_call = (per_step - base) * args.steps / calls * 1e3 if calls else None
+        print(f"| {arm} | {per_step * 1e3:.2f} | {per_step / base:.3f} | {calls:.0f} | "
+              f"{'' if per_call is None else f'{per_call:.2f}'} |")
+        paired = [r["s_per_step"] / b["s_per_step"] for r, b in zip(results[arm], results[ARMS[0]])]
+        rows.append({"arm": arm, "ms_per_step": per_step * 1e3, "baseline_ms_per_step": base * 1e3,
+                     "x_baseline": per_step / base, "paired_ratio": statistics.median(paired),
+                     "paired_ratio_all": paired, "calls": calls, "ms_per_call": per_call})
+    rounds = [{"round": i + 1, "order": list(ARMS), "arms": {arm: results[arm][i] for arm in ARMS}}
+              for i in range(args.rounds)]
+    return {"setup": f"2 gloo workers, mlp 64-512-8, {args.steps} steps, {args.window}-step windows, "
+                     f"{args.rounds} rounds", "baseline": ARMS[0], "arms": rows, "rounds": rounds}
+
+
+def run_per_step(args) -> dict[str, list[dict]]:
+    """Each arm's runs under Ray Train, in round order: {arm: [{s_per_step, calls}]}."""
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -90,20 +118,20 @@ def per_step_cost(args) -> None:
             with open(out) as f:
                 results[arm].append(json.load(f))
     ray.shutdown()
-    base = statistics.median(r["s_per_step"] for r in results[ARMS[0]])
-    print(f"per-step cost of the preemption check: 2 gloo workers, mlp 64-512-8, {args.steps} steps, "
-          f"{args.rounds} rounds (medians)")
-    print("| arm | ms per step | x no check | calls per run | ms per call |")
-    print("|---|---|---|---|---|")
-    for arm in ARMS:
-        per_step = statistics.median(r["s_per_step"] for r in results[arm])
-        calls = statistics.median(r["calls"] for r in results[arm])
-        per_call = (per_step - base) * args.steps / calls * 1e3 if calls else None
-        print(f"| {arm} | {per_step * 1e3:.2f} | {per_step / base:.3f} | {calls:.0f} | "
-              f"{'' if per_call is None else f'{per_call:.2f}'} |")
+    return results
 
 
-def notice_to_checkpoint(args) -> None:
+def notice_to_checkpoint(args) -> dict:
+    """Time the drains, print the line; return the figures."""
+    times = run_notice(args)
+    print(f"\nnotice to checkpoint: drain (30 s deadline) to the preemption checkpoint in progress.json, "
+          f"watcher polling every {args.poll_s:g} s, {args.rounds} rounds: median "
+          f"{statistics.median(times):.1f} s (each: {', '.join(f'{t:.1f}' for t in times)})")
+    return {"poll_s": args.poll_s, "median_s": statistics.median(times), "each_s": times}
+
+
+def run_notice(args) -> list[float]:
+    """Seconds from each round's drain call to the preemption checkpoint."""
     from ray.cluster_utils import Cluster
 
     times = []
@@ -130,9 +158,7 @@ def notice_to_checkpoint(args) -> None:
             proc.kill()
             proc.wait()
             cluster.shutdown()
-    print(f"\nnotice to checkpoint: drain (30 s deadline) to the preemption checkpoint in progress.json, "
-          f"watcher polling every {args.poll_s:g} s, {args.rounds} rounds: median "
-          f"{statistics.median(times):.1f} s (each: {', '.join(f'{t:.1f}' for t in times)})")
+    return times
 
 
 def _read(path: str) -> dict:
@@ -162,10 +188,20 @@ def main() -> None:
     parser.add_argument("--poll-s", type=float, default=5.0,
                         help="Ray Train's preemption watcher poll interval (its default: 5)")
     parser.add_argument("--skip-notice", action="store_true", help="only the per-step cost")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _results import add_result_args, save_result
+
+    add_result_args(parser)
     args = parser.parse_args()
-    per_step_cost(args)
+    result = per_step_cost(args)
+    rounds = result.pop("rounds")
+    result["paired_rounds"] = args.rounds
+    result["notice"] = None
     if not args.skip_notice:
-        notice_to_checkpoint(args)
+        result["notice"] = notice_to_checkpoint(args)
+        for entry, seconds in zip(rounds, result["notice"]["each_s"]):
+            entry["notice_s"] = seconds  # a separate measurement, numbered as the rounds are
+    save_result(args, "preemption", result, rounds)
 
 
 if __name__ == "__main__":

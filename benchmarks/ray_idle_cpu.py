@@ -6,11 +6,16 @@ setting that might cut Ray's wake-ups is tried by setting it for the command:
 
     python benchmarks/ray_idle_cpu.py
     RAY_enable_metrics_collection=0 python benchmarks/ray_idle_cpu.py
+
+The figures also go to benchmarks/results/ray_idle_cpu-<machine>-<date>.json, with the
+RAY_* settings of the environment (--results-dir, --no-save; see benchmarks/_results.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import time
 
 WINDOW_S = 20
@@ -59,7 +64,9 @@ def descendants() -> dict[int, str]:
     return found
 
 
-def main() -> None:
+def measure() -> tuple[list[tuple[int, str, str]], int, int]:
+    """A bare local Ray with three idle actors: each thread's ticks over the window
+    (ticks, process, thread), the total ticks, and how many processes there were."""
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
@@ -84,9 +91,30 @@ def main() -> None:
             if used:
                 rows.append((used, name, key[1]))
     ray.shutdown()
-    for used, name, thread in sorted(rows, reverse=True)[:15]:
+    return rows, total, len(procs)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _results import add_result_args, kept_env, save_result, this_command
+
+    add_result_args(parser)
+    args = parser.parse_args(argv)
+    rows, total, processes = measure()
+    top = sorted(rows, reverse=True)[:15]
+    for used, name, thread in top:
         print(f"{used * TICK_S:5.2f} s  {name:60s} {thread}")
-    print(f"total {total * TICK_S:.2f} CPU-s in {WINDOW_S} s across {len(procs)} processes")
+    print(f"total {total * TICK_S:.2f} CPU-s in {WINDOW_S} s across {processes} processes")
+    # Ray reads its settings from the environment: the command as it would be typed again
+    settings = [f"{k}={v}" for k, v in kept_env().items() if k.startswith("RAY_")]
+    command = this_command() if argv is None else ["python", "benchmarks/ray_idle_cpu.py", *argv]
+    save_result(args, "ray_idle_cpu", {
+        "setup": f"a bare local Ray (num_cpus=2), three idle actors, {WINDOW_S} s window",
+        "settings": settings, "window_s": WINDOW_S, "total_cpu_s": total * TICK_S, "processes": processes,
+        "top_threads": [{"cpu_s": used * TICK_S, "process": name.strip(), "thread": thread}
+                        for used, name, thread in top],
+    }, [{"round": 1, "total_cpu_s": total * TICK_S, "processes": processes}], command=settings + command)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ go comes from its summary's startup_s.
     python benchmarks/startup.py --rounds 3                     # local
     python benchmarks/startup.py --rounds 3 --cluster attached
     python benchmarks/startup.py --rounds 4 --arms ray-ddp,ray-ddp-idle-workers
-Runs on the machine it measures.
+Runs on the machine it measures. The figures also go to
+benchmarks/results/startup-<machine>-<date>.json (--results-dir, --no-save; see
+benchmarks/_results.py).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def plain_train_func(config: dict) -> None:
     import ray.train.torch
     import torch
 
-    from ray_ddp.models import ToyModel
+    from ray_ddp.models.builtin import ToyModel
 
     torch.manual_seed(0)
     model = ray.train.torch.prepare_model(ToyModel())
@@ -118,6 +120,10 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # the ray-train arm itself
     parser.add_argument("--storage", help=argparse.SUPPRESS)
     parser.add_argument("--first-step-file", help=argparse.SUPPRESS)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _results import add_result_args, rounds_by, save_result
+
+    add_result_args(parser)
     args = parser.parse_args()
     if args.plain:
         return run_plain(args)
@@ -164,6 +170,26 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cluster": args.cluster, "rounds": results}, f, indent=1)
+    rows = []
+    for arm in arms:
+        mine = [r for r in results if r["arm"] == arm]
+        row = {"arm": arm}
+        for field in ("first_step_s", "wall_s"):
+            row[field] = statistics.median(r[field] for r in mine)
+            row[f"baseline_{field}"] = statistics.median(r[field] for r in base.values())
+            row[f"{field}_paired"] = statistics.median(r[field] / base[r["round"]][field] for r in mine)
+        rows.append(row)
+    per_round = rounds_by(results)
+    for entry in per_round:
+        plain = entry["arms"]["ray-train"]
+        entry["paired_ratio"] = {arm: {f: r[f] / plain[f] for f in ("first_step_s", "wall_s")}
+                                 for arm, r in entry["arms"].items()}
+    save_result(args, "startup", {
+        "setup": f"the smallest job (toy model, 2 CPU workers, 1 step, a rank-0 checkpoint), {args.cluster} Ray, "
+                 f"{os.cpu_count()} CPUs, medians of {args.rounds} paired rounds",
+        "cluster": args.cluster, "baseline": "ray-train", "paired_rounds": args.rounds, "arms": rows,
+        "startup_s": {k: statistics.median(s[k] for s in ddp) for k in ddp[0]} if ddp else {},
+    }, per_round)
 
 
 if __name__ == "__main__":

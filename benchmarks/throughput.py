@@ -26,6 +26,8 @@ steps; rounds repeat the arms in rotated order and the table takes each figure's
     python benchmarks/throughput.py --workers 1,2         # scaling, 1 vs 2 workers
     python benchmarks/throughput.py --json results.json   # also keep the raw figures
     python benchmarks/throughput.py --preset gpu          # on a GPU machine: ray-ddp vs torchrun, bf16
+The figures also go to benchmarks/results/throughput-<machine>-<date>.json (--results-dir,
+--no-save; see benchmarks/_results.py), from which docs/performance.md is rendered.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from _results import add_result_args, rounds_by, save_result  # noqa: E402
 from workload import add_workload_args  # noqa: E402
 
 # each ray-ddp arm: the ray-ddp command with these flags added
@@ -232,6 +235,7 @@ def main(argv=None) -> None:
     parser.add_argument("--plain-report-every", type=int, default=110,
                         help="steps per ray.train.report in the plain Ray Train arm (its 'epoch')")
     parser.add_argument("--json", help="write every round's raw figures here")
+    add_result_args(parser)
     parser.add_argument("--preset", choices=("gpu",),
                         help="gpu: an mlp 4096-4096x8-4096 in bf16, batch 256, ray-ddp against "
                              "torchrun on every GPU (small sizes on a machine without CUDA)")
@@ -272,6 +276,44 @@ def main(argv=None) -> None:
         with open(args.json, "w") as f:
             json.dump({"machine": describe_machine(args), "args": vars(args), "rounds": results,
                        "median": list(table.values())}, f, indent=1)
+    command = None if argv is None else ["python", "benchmarks/throughput.py", *argv]
+    save_result(args, "throughput", summarize(table, args), paired_rounds(results), command=command)
+
+
+def summarize(table: dict[tuple, dict], args) -> dict:
+    """The table's figures: per (workers, arm) the medians, the ratio of the medians to
+    torchrun's and the paired ratio (the median of each round's ratio)."""
+    arms = []
+    for (workers, arm), row in sorted(table.items(), key=lambda kv: (kv[0][0], ARMS.index(kv[0][1]))):
+        base = table.get((workers, "torchrun"))
+        arms.append({
+            "workers": workers, "arm": arm,
+            "samples_per_s": row["samples_per_s"],
+            "baseline_samples_per_s": base["samples_per_s"] if base else None,
+            "x_baseline": row["samples_per_s"] / base["samples_per_s"] if base else None,
+            "paired_ratio": row["paired_ratio"], "paired_ratio_all": row["paired_ratio_all"],
+            "first_step_s": row["first_step_s"], "wall_s": row["wall_s"],
+            "peak_rss_mb": row["peak_rss_mb"], "peak_gpu_mb": row["peak_gpu_mb"],
+        })
+    counts = sorted({w for w, _ in table})
+    scaling = {}
+    if len(counts) >= 2:
+        lo, hi = counts[0], counts[-1]
+        scaling = {arm: table[(hi, arm)]["samples_per_s"] / table[(lo, arm)]["samples_per_s"] / (hi / lo)
+                   for arm in ARMS if (lo, arm) in table and (hi, arm) in table}
+    return {"setup": describe_machine(args), "baseline": "torchrun", "paired_rounds": args.rounds,
+            "arms": arms, "scaling": scaling}
+
+
+def paired_rounds(results: list[dict]) -> list[dict]:
+    """One entry per round and worker count: every arm's figures, and each arm's samples/s
+    over torchrun's in that round."""
+    rounds = rounds_by(results, keys=("round", "workers"))
+    for entry in rounds:
+        base = entry["arms"].get("torchrun")
+        entry["paired_ratio"] = {arm: r["samples_per_s"] / base["samples_per_s"]
+                                 for arm, r in entry["arms"].items()} if base else {}
+    return rounds
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ def train(args, model: torch.nn.Module, device: torch.device, rank: int, world: 
 
     ``epoch_end(step, loss)`` is called every ``every`` steps (plain Ray Train reports
     there, as its docs do once per epoch)."""
-    from ray_ddp.data import synthetic_rows, teacher_weights
-    from ray_ddp.devices import peak_memory_mb
+    from ray_ddp.data.synth import synthetic_rows, teacher_weights
+    from ray_ddp.worker.devices import peak_memory_mb
 
     teacher = teacher_weights(args.seed, args.input_dim, args.output_dim).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -87,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ray_ddp.models import build_mlp
+    from ray_ddp.models.builtin import build_mlp
 
     use_cuda = torch.cuda.is_available()
     local_rank = int(os.environ["LOCAL_RANK"])
