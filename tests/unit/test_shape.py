@@ -6,7 +6,6 @@ and no module is longer than a newcomer reads in one sitting."""
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ray_ddp"
