@@ -87,7 +87,7 @@ def refuse(what: str, name: str, admitted: str) -> NoReturn:
 
 
 @functools.cache
-def _weights_only_dcp() -> tuple[type, type]:
+def weights_only_dcp() -> tuple[type, type]:
     """DCP's file reader and load planner, less the unpickling: the reader reads
     ``.metadata`` with MetadataUnpickler (once: ``load_shards`` reads it before DCP
     does), the planner loads non-tensor entries with ``weights_only=True`` (DCP's own

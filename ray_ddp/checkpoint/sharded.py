@@ -20,7 +20,7 @@ from ray_ddp.checkpoint.format import MODEL_FILE, STATE_FILE, TrainState, save_c
 from ray_ddp.errors import CheckpointError
 from ray_ddp.checkpoint.verify import file_fingerprint
 from ray_ddp.checkpoint.load import load_tensors
-from ray_ddp.checkpoint.safe_load import DCP_METADATA, NON_TENSORS, _weights_only_dcp
+from ray_ddp.checkpoint.safe_load import DCP_METADATA, NON_TENSORS, weights_only_dcp
 
 
 
@@ -150,7 +150,7 @@ def read_model_state(directory: str) -> dict[str, torch.Tensor]:
     in this one process (no process group): what ``ray-ddp export`` writes."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader_class, _ = _weights_only_dcp()
+    reader_class, _ = weights_only_dcp()
     reader = reader_class(directory)
     state: dict[str, torch.Tensor] = {}
     for key, item in reader.read_metadata().state_dict_metadata.items():
@@ -194,7 +194,7 @@ def load_shards(directory: str, state: dict[str, Any], reader: Any = None, no_di
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    reader_class, planner_class = _weights_only_dcp()
+    reader_class, planner_class = weights_only_dcp()
     reader = reader or reader_class(directory)
     reader.read_metadata()
     try:

@@ -33,7 +33,7 @@ class TableConfig:
     num_classes: Optional[int] = None
 
 
-def _dataset(path: str):
+def open_dataset(path: str):
     import pyarrow.dataset as pads
 
     from ray_ddp.storage import resolve_storage
@@ -87,7 +87,7 @@ def inspect_table(path: str, features: Optional[str], target: Optional[str],
     known (``num_classes`` for labels, ``vocab_size`` for token ids). ``stream``: a
     sequence length the schema does not fix is the first row's (the rows are not all in
     memory to compare; a shorter row is refused when its row group is read)."""
-    ds = _dataset(path)
+    ds = open_dataset(path)
     try:
         schema = ds.schema
         rows = ds.count_rows()

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from ray_ddp.errors import ConfigError
-from ray_ddp.data.table_stats import TableConfig, _dataset
+from ray_ddp.data.table_stats import TableConfig, open_dataset
 
 
 def _columns_to_tensor(table: pa.Table, cols: tuple[str, ...]) -> torch.Tensor:
@@ -30,7 +30,7 @@ def load_table(table: TableConfig, seq_len: int = 0) -> tuple[torch.Tensor, torc
     inputs and targets for regression, int64 labels for classification, and for a
     language model int64 tokens, each row's first ``seq_len`` as inputs and the same
     shifted by one as targets."""
-    data = _dataset(table.path).to_table(columns=list(dict.fromkeys(table.features + table.targets)))
+    data = open_dataset(table.path).to_table(columns=list(dict.fromkeys(table.features + table.targets)))
     return _to_tensors(data, table, seq_len, f"--data {table.path}")
 
 
@@ -74,7 +74,7 @@ def list_row_groups(table: TableConfig) -> list[tuple[str, int, int]]:
     """Every row group of the data set as (file, row group, rows), in file order: the
     units ``--stream`` shuffles and reads (metadata only, no rows are read)."""
     groups = []
-    for fragment in sorted(_dataset(table.path).get_fragments(), key=lambda f: f.path):
+    for fragment in sorted(open_dataset(table.path).get_fragments(), key=lambda f: f.path):
         for piece in fragment.split_by_row_group():
             info = piece.row_groups[0]
             groups.append((fragment.path, info.id, info.num_rows))

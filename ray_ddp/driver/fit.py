@@ -15,18 +15,18 @@ from ray_ddp.cluster.runtime_env import train_controller_env, worker_runtime_env
 from ray_ddp.driver.progress import show_progress
 from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_json, read_table
 from ray_ddp.driver.start import StartState, planned_steps
-from ray_ddp.driver.status import _write_status
+from ray_ddp.driver.status import write_status
 from ray_ddp.errors import TrainingError
 
 
-def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
                      start: StartState, objects: dict[str, Any], echo: Callable[[str], None]) -> None:
     """TorchTrainer.fit() with progress shown, and status.json telling where it stands;
     started again from the newest checkpoint when ``failures`` says the run goes on."""
     run_path = store.run_path(cfg.name)
     scan = start.scan
     restarts = RestartState()
-    _write_status(store, run_path, "running", cfg, placement)
+    write_status(store, run_path, "running", cfg, placement)
     try:
         while True:
             try:
@@ -41,18 +41,18 @@ def _fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placemen
                 echo(f"{err}; restarting from {scan.latest or 'the start'} ({why})"
                      + _steps_to_redo(err.step, scan.meta))
     except TrainingError as err:
-        _write_status(store, run_path, "failed", cfg, placement, error=str(err))
+        write_status(store, run_path, "failed", cfg, placement, error=str(err))
         raise
     except KeyboardInterrupt:
-        _write_status(store, run_path, "interrupted", cfg, placement)
+        write_status(store, run_path, "interrupted", cfg, placement)
         raise
     except BaseException as err:  # a bug or a storage failure: never leave "running"
-        _write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
+        write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
         raise
     from ray_ddp.observe.summarize import world_stretches
 
     table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
-    _write_status(store, run_path, "complete", cfg, placement,
+    write_status(store, run_path, "complete", cfg, placement,
                   stretches=world_stretches(table) if table is not None and table.num_rows else None)
 
 

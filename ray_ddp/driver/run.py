@@ -18,9 +18,9 @@ from ray_ddp.cluster.placement import PlacementConfig, plan_placement
 from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
 from ray_ddp.models.build import check_model, load_callable, model_stages
 from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
-from ray_ddp.driver.fit import _fit_with_status
+from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.start import StartState, find_start
-from ray_ddp.driver.summary import RunSummary, _write_summary
+from ray_ddp.driver.summary import RunSummary, write_summary
 
 
 def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = None,
@@ -48,7 +48,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         summary = read_json(store.fs, f"{store.run_path(cfg.name)}/{SUMMARY_FILE}")
         if summary is not None:
             return RunSummary(**{**summary, "already_complete": True})
-        return _write_summary(cfg, store, None, start.resumed_from, started)
+        return write_summary(cfg, store, None, start.resumed_from, started)
 
     marks["attach"] = time.time()
     workers = worker_range(cfg.workers)
@@ -62,8 +62,8 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         cfg, placement = place_workers(cfg, cluster, data_shape, given_batch, echo)
         announce(cfg, placement, start, store, echo)
         marks["fit"] = time.time()
-        _fit_with_status(cfg, store, placement, start, objects, echo)
-    return _write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
+        fit_with_status(cfg, store, placement, start, objects, echo)
+    return write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
 
 
 def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:

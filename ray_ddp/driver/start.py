@@ -32,10 +32,10 @@ def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callabl
     can resume from it, and whether there is anything left to train."""
     scan = find_latest_checkpoint(store.fs, store.run_path(cfg.name), verify_crc=True)
     _say_broken(cfg, scan, echo)
-    resumed_from = f"{_join(store.uri, cfg.name)}/{scan.latest}" if scan.latest else None
+    resumed_from = f"{join_uri(store.uri, cfg.name)}/{scan.latest}" if scan.latest else None
     complete = False
     if scan.meta is not None:
-        _check_resumable(cfg, scan.meta, scan.latest,
+        check_resumable(cfg, scan.meta, scan.latest,
                          data_decides_steps=data_shape is not None and data_shape.rows > 0)
         if scan.meta["epoch"] >= cfg.epochs:
             echo(f"run {cfg.name} is already complete ({scan.meta['epoch']}/{cfg.epochs} epochs); "
@@ -44,7 +44,7 @@ def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callabl
     return StartState(scan, resumed_from, complete)
 
 
-def _check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
+def check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
     saved = meta.get("config", {})
     for key in _SHAPE_KEYS:
         if key in saved and saved[key] != getattr(cfg, key):
@@ -81,5 +81,5 @@ def planned_steps(cfg: TrainConfig, meta: Optional[dict[str, Any]]) -> int:
     return meta["step"] - meta.get("epoch_step", 0) + (cfg.epochs - meta["epoch"]) * cfg.steps_per_epoch
 
 
-def _join(base: str, name: str) -> str:
+def join_uri(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}"

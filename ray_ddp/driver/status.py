@@ -10,7 +10,7 @@ from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.storage import STATUS_FILE, StorageConfig, read_json, write_json
 
 
-def _write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConfig,
+def write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConfig,
                   placement: PlacementConfig, error: Optional[str] = None,
                   stretches: Optional[list[dict[str, int]]] = None) -> None:
     """status.json: what `ray-ddp runs` shows. ``created`` survives resumes, and so do

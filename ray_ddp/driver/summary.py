@@ -11,7 +11,7 @@ from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, SUMMARY_FILE, StorageConfig, read_table, write_json
-from ray_ddp.driver.start import _join
+from ray_ddp.driver.start import join_uri
 
 
 @dataclass
@@ -94,14 +94,14 @@ def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs, run_uri: Opt
     return out
 
 
-def _write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
+def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
                    resumed_from: Optional[str], started: float,
                    marks: Optional[dict[str, float]] = None,
                    resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
     from ray_ddp.observe.summarize import preemption_checkpoints, summarize_metrics, world_stretches
 
     run_path = store.run_path(cfg.name)
-    run_uri = _join(store.uri, cfg.name)
+    run_uri = join_uri(store.uri, cfg.name)
     scan = find_latest_checkpoint(store.fs, run_path)
     meta = scan.meta or {}
     saved_cfg = meta.get("config", {})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 from ray_ddp.errors import ProcessFailed
-from ray_ddp.launch.spawn import DEFAULT_WAIT_S, _Group, _join, _placement, _run_with_restarts
+from ray_ddp.launch.spawn import DEFAULT_WAIT_S, GroupState, join_processes, plan_processes, run_with_restarts
 
 
 def launch(argv: list[str], nprocs: int, gpus_per_process: int = 0,
@@ -17,9 +17,9 @@ def launch(argv: list[str], nprocs: int, gpus_per_process: int = 0,
     (rank 0's, or the first failing rank's). Every rank's output lines are printed here
     as they come, prefixed ``[rankN]:`` (stdout to stdout, stderr to stderr); a failed
     rank is named with its error and the last lines of its stderr, as torchrun does."""
-    placement = _placement(nprocs, gpus_per_process)
+    placement = plan_processes(nprocs, gpus_per_process)
     try:
-        results = _run_with_restarts(placement, address, max_failures, wait_for_resources,
+        results = run_with_restarts(placement, address, max_failures, wait_for_resources,
                                      lambda group: _join_scripts(group, argv))
     except ProcessFailed as err:
         print(f"ray-ddp launch: {err}", file=sys.stderr)
@@ -32,7 +32,7 @@ def launch(argv: list[str], nprocs: int, gpus_per_process: int = 0,
     return results[0][0]
 
 
-def _join_scripts(group: _Group, argv: list[str], poll_s: float = 0.2) -> list[tuple[int, list[str]]]:
+def _join_scripts(group: GroupState, argv: list[str], poll_s: float = 0.2) -> list[tuple[int, list[str]]]:
     """Run the script on every rank, printing every rank's lines as they come, until all
     exit 0 or one fails (the others may be blocked in a collective with it)."""
     import ray
@@ -57,7 +57,7 @@ def _join_scripts(group: _Group, argv: list[str], poll_s: float = 0.2) -> list[t
             raise ProcessFailed(rank, f"{said}; exited with status {code}" if said else
                                 f"exited with status {code}", exit_code=code, stderr_tail=tail)
 
-    results = _join(refs, check, on_wait=print_new, poll_s=poll_s)
+    results = join_processes(refs, check, on_wait=print_new, poll_s=poll_s)
     print_new()
     return results
 

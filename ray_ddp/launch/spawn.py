@@ -101,12 +101,12 @@ TAIL_LINES = 15  # stderr lines of a failed rank shown in the error summary
 
 
 @dataclass
-class _Group:
+class GroupState:
     actors: list
     placement_group: Any
 
 
-def _start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -> _Group:
+def start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -> GroupState:
     """Reserve every process's resources at once (a placement group), waiting at most
     ``wait_s`` seconds (other work may hold what the preflight saw free), then start the
     actors and rank 0's rendezvous store."""
@@ -147,10 +147,10 @@ def _start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -
         })
         for a, env in zip(actors, envs)
     ])
-    return _Group(actors, pg)
+    return GroupState(actors, pg)
 
 
-def _stop_group(group: _Group) -> None:
+def _stop_group(group: GroupState) -> None:
     import ray
     from ray.util.placement_group import remove_placement_group
 
@@ -159,7 +159,7 @@ def _stop_group(group: _Group) -> None:
     remove_placement_group(group.placement_group)
 
 
-def _join(refs: Sequence, check: Optional[Callable[[int, Any], None]] = None,
+def join_processes(refs: Sequence, check: Optional[Callable[[int, Any], None]] = None,
           on_wait: Optional[Callable[[], None]] = None, poll_s: float = 0.2) -> list[Any]:
     """Wait for every rank; on the first failure stop waiting and say which rank failed
     (the others may be blocked in a collective with it and would never finish).
@@ -202,14 +202,14 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, gpus_per_pr
         raise ValueError("ray_ddp.spawn supports join=True only (it waits for every process)")
     from ray_ddp.cluster.runtime_env import importable_env
 
-    placement = _placement(nprocs, gpus_per_process)
-    return _run_with_restarts(placement, address, max_failures, wait_for_resources,
-                              lambda group: _join([a.call.remote(fn, rank, tuple(args))
+    placement = plan_processes(nprocs, gpus_per_process)
+    return run_with_restarts(placement, address, max_failures, wait_for_resources,
+                              lambda group: join_processes([a.call.remote(fn, rank, tuple(args))
                                                    for rank, a in enumerate(group.actors)]),
                               runtime_env=importable_env(fn.__module__))
 
 
-def _placement(nprocs: int, gpus_per_process: int) -> PlacementConfig:
+def plan_processes(nprocs: int, gpus_per_process: int) -> PlacementConfig:
     if nprocs < 1:
         raise ConfigError(f"nprocs must be a positive integer, got {nprocs}")
     if gpus_per_process not in (0, 1, 2):
@@ -218,8 +218,8 @@ def _placement(nprocs: int, gpus_per_process: int) -> PlacementConfig:
                            backend="nccl" if gpus_per_process else "gloo")
 
 
-def _run_with_restarts(placement: PlacementConfig, address: Optional[str], max_failures: int,
-                       wait_s: float, run_group: Callable[[_Group], list],
+def run_with_restarts(placement: PlacementConfig, address: Optional[str], max_failures: int,
+                       wait_s: float, run_group: Callable[[GroupState], list],
                        runtime_env: Optional[dict] = None) -> list[Any]:
     from ray_ddp.cluster.attach import attach_ray
     from ray_ddp.cluster.preflight import ensure_cluster_fits
@@ -228,7 +228,7 @@ def _run_with_restarts(placement: PlacementConfig, address: Optional[str], max_f
         ensure_cluster_fits(placement, wait_s=wait_s, echo=lambda line: print(line, file=sys.stderr))
         attempt = 0
         while True:
-            group = _start_group(placement, runtime_env or {}, wait_s)
+            group = start_group(placement, runtime_env or {}, wait_s)
             try:
                 return run_group(group)
             except ProcessFailed as err:

@@ -12,7 +12,7 @@ from ray_ddp.checkpoint.retention import prune_checkpoints
 from ray_ddp.observe.schema import COLUMNS, EVAL_SCHEMA, SCHEMA, eval_row, unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report
-from ray_ddp.observe.tensorboard import _write_tensorboard_rows
+from ray_ddp.observe.tensorboard import write_tensorboard_rows
 
 
 class MetricsCallback(UserCallback):
@@ -89,7 +89,7 @@ class MetricsCallback(UserCallback):
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(logdir=f"{run_dir}/tensorboard")
-        _write_tensorboard_rows(self._tb, metrics)
+        write_tensorboard_rows(self._tb, metrics)
 
 
 def _load_rows(fs, path: str) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from typing import Any
 from ray_ddp.observe.schema import rank_mean
 
 
-def _write_tensorboard_rows(writer, metrics: list[dict[str, Any]]) -> None:
+def write_tensorboard_rows(writer, metrics: list[dict[str, Any]]) -> None:
     step = int(metrics[0]["step"])
     for m in metrics:
         for key in ("loss", "samples_per_s", "step_time_s", "busy_s"):

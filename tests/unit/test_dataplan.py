@@ -81,13 +81,13 @@ def test_synth_writes_classification_and_lm_sets(tmp_path, capsys):
 
 
 def test_a_resume_where_the_data_decides_the_steps_may_change_them():
-    from ray_ddp.driver.start import _check_resumable
+    from ray_ddp.driver.start import check_resumable
 
     meta = {"config": {"model": "python:Net", "steps_per_epoch": 6}}
     cfg = TrainConfig(model="python:Net", steps_per_epoch=12, name="r")  # another world size
-    _check_resumable(cfg, meta, "step-00000006", data_decides_steps=True)  # train_data=, --data
+    check_resumable(cfg, meta, "step-00000006", data_decides_steps=True)  # train_data=, --data
     with pytest.raises(ConfigError, match="resume with the same --steps-per-epoch"):
-        _check_resumable(cfg, meta, "step-00000006", data_decides_steps=False)  # synthetic
+        check_resumable(cfg, meta, "step-00000006", data_decides_steps=False)  # synthetic
 
 
 def test_a_worker_cuts_the_global_batch_for_the_world_size_it_got():
