@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from ray_ddp.cli.main import build_parser, config_from_args
+from ray_ddp.cli.common import config_from_args
+from ray_ddp.cli.main import build_parser
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 
@@ -83,7 +84,8 @@ def test_bad_yaml_files(tmp_path):
 
 
 def test_workers_takes_a_number_or_an_elastic_range_from_flags_yaml_and_python(tmp_path):
-    from ray_ddp.cli.main import build_parser, config_from_args
+    from ray_ddp.cli.common import config_from_args
+    from ray_ddp.cli.main import build_parser
     from ray_ddp.config.workers import worker_range
 
     (tmp_path / "elastic.yaml").write_text('workers: "2-8"\n')

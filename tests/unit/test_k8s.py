@@ -7,7 +7,8 @@ import shlex
 
 import yaml
 
-from ray_ddp.cli.main import build_parser, config_from_args
+from ray_ddp.cli.common import config_from_args
+from ray_ddp.cli.main import build_parser
 from ray_ddp.config.workers import worker_range
 
 ROOT = pathlib.Path(__file__).parents[2]
