@@ -6,7 +6,7 @@ import argparse
 import os
 
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.errors import ConfigError
+from ray_ddp.config.checks import check_launch
 
 
 def add_parser(sub) -> None:
@@ -30,11 +30,6 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ray_ddp.launch.launch import launch
 
-    if not os.path.isfile(args.script):
-        raise ConfigError(f"script not found: {args.script}")
-    if args.max_failures < 0:
-        raise ConfigError(f"--max-failures must be 0 or more, got {args.max_failures}")
-    if not args.wait_for_resources >= 0:
-        raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {args.wait_for_resources}")
+    check_launch(args.script, args.max_failures, args.wait_for_resources)
     return launch([os.path.abspath(args.script), *args.script_args], args.workers,
                   args.gpus_per_worker, args.address, args.max_failures, args.wait_for_resources)

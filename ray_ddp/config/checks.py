@@ -1,13 +1,14 @@
 """Every check of a run's options, in one place, run once on the driver: what the
 options alone decide (``validate_config``), what the Python API's objects add
-(``check_objects``), and what the placement adds (``check_devices``).
-"""
+(``check_objects``), what the devices the run got add (``check_devices``), and
+``ray-ddp launch``'s own options (``check_launch``). A model is checked where it is built
+(models/build.py: on the meta device, before any worker starts)."""
 
 from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ray_ddp.config.choices import AMP_MODES, BACKENDS, BUILTIN_MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, TASKS
 from ray_ddp.config.workers import parse_workers, worker_range
@@ -62,8 +63,8 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError("--backend nccl needs GPUs; use --backend gloo with --gpus-per-worker 0")
     if cfg.amp not in AMP_MODES:
         raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {cfg.amp}")
-    if cfg.amp == "fp16" and cfg.gpus_per_worker == 0:
-        raise ConfigError("--amp fp16 needs GPUs; on CPU use --amp bf16")
+    if cfg.gpus_per_worker == 0:  # asked for the CPU: what needs a GPU is refused now
+        check_devices(cfg, use_gpu=False)
     if cfg.schedule not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule}")
     if not math.isfinite(cfg.clip_grad) or cfg.clip_grad < 0:
@@ -109,6 +110,55 @@ def validate_config(cfg: TrainConfig) -> None:
         )
     if cfg.name is not None and ".." in cfg.name:
         raise ConfigError(f"--name '{cfg.name}' must not contain '..'")
+
+
+def check_devices(cfg: TrainConfig, use_gpu: bool) -> None:
+    """What needs GPUs, refused for a run on CPU (asked for, or what the cluster gave)."""
+    if use_gpu:
+        return
+    if cfg.amp == "fp16":
+        raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
+    if cfg.sync_batchnorm:
+        raise ConfigError("--sync-batchnorm needs GPUs (PyTorch's SyncBatchNorm runs on CUDA "
+                          "only); drop it on CPU")
+
+
+def check_objects(cfg: TrainConfig, objects: dict[str, Any]) -> None:
+    """What the Python API's objects (model=, train_data=, val_data=, loss=) add to the
+    checks, and the user's loss and collate functions imported (workers import them too:
+    fail here, in one line)."""
+    import torch
+
+    from ray_ddp.models.build import load_callable
+
+    model, train_data, loss = objects.get("model"), objects.get("train_data"), objects.get("loss")
+    if model is not None and not (isinstance(model, torch.nn.Module) or callable(model)):
+        raise ConfigError(f"model= must be an nn.Module or a callable returning one, not {type(model).__name__}")
+    if train_data is not None and (cfg.data != "synthetic" or cfg.dataset is not None):
+        raise ConfigError("give train_data= or --data / --dataset, not both")
+    if cfg.collate is not None and cfg.dataset is None and train_data is None:
+        raise ConfigError("--collate is for --dataset or train_data= (parquet and text rows are "
+                          "batched by ray-ddp)")
+    if loss is not None and not callable(loss):
+        raise ConfigError(f"loss= must be a callable fn(output, target), not {type(loss).__name__}")
+    if cfg.keep_best and not (cfg.val_data or cfg.val_fraction or objects.get("val_data") is not None):
+        raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
+                          "give --val-data, --val-fraction or val_data=")
+    for spec, what in ((cfg.loss, "loss"), (cfg.collate, "collate")):
+        if spec is not None:
+            load_callable(spec, what=what)
+
+
+def check_launch(script: str, max_failures: int, wait_for_resources: float) -> None:
+    """``ray-ddp launch``'s own options."""
+    import os
+
+    if not os.path.isfile(script):
+        raise ConfigError(f"script not found: {script}")
+    if max_failures < 0:
+        raise ConfigError(f"--max-failures must be 0 or more, got {max_failures}")
+    if not wait_for_resources >= 0:
+        raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {wait_for_resources}")
 
 
 def _check_fsdp(cfg: TrainConfig) -> None:

@@ -12,11 +12,12 @@ from typing import Any, Callable, Optional
 from ray_ddp.cluster.attach import ClusterConfig, attach_ray, refresh_elastic_view
 from ray_ddp.cluster.preflight import ensure_cluster_fits
 from ray_ddp.errors import ConfigError
+from ray_ddp.config.checks import check_devices, check_objects
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
 from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
-from ray_ddp.models.build import check_model, load_callable, model_stages
+from ray_ddp.models.build import check_model, model_stages
 from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
 from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.start import StartState, find_start
@@ -67,18 +68,19 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
 
 
 def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:
-    """The validated config with the run's name, the Python API's objects named in it, and
-    the user's loss and collate functions imported (workers import them too: fail here)."""
-    cfg = _with_objects(dataclasses.replace(cfg), objects["model"], objects["train_data"],
-                        objects["loss"]).validate()
+    """The validated config with the run's name and the Python API's objects named in it
+    (``python:<Name>``: what status.json, the resume check and the start line show; the
+    objects themselves go to the workers in the WorkerPlan)."""
+    cfg = dataclasses.replace(cfg).validate()  # a copy: the caller's config stays as given
+    check_objects(cfg, objects)
+    model = objects.get("model")
+    if model is not None:
+        from torch import nn
+
+        name = type(model).__name__ if isinstance(model, nn.Module) else getattr(model, "__name__", "model")
+        cfg = dataclasses.replace(cfg, model=f"python:{name}")
     if cfg.name is None:
         cfg = dataclasses.replace(cfg, name=time.strftime("ray_ddp-%Y%m%d-%H%M%S"))
-    if cfg.keep_best and not (cfg.val_data or cfg.val_fraction or objects["val_data"] is not None):
-        raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
-                          "give --val-data, --val-fraction or val_data=")
-    for spec, what in ((cfg.loss, "loss"), (cfg.collate, "collate")):
-        if spec is not None:
-            load_callable(spec, what=what)
     return cfg
 
 
@@ -102,11 +104,7 @@ def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, given_ba
                                cluster.node_gpus, stages=model_stages(cfg.model),
                                cpus_per_worker=cfg.cpus_per_worker, local_cpus=cluster.own_cpus,
                                min_workers=workers[0] if workers else None)
-    if cfg.amp == "fp16" and not placement.use_gpu:
-        raise ConfigError("--amp fp16 needs GPUs and this run is on CPU; use --amp bf16")
-    if cfg.sync_batchnorm and not placement.use_gpu:
-        raise ConfigError("--sync-batchnorm needs GPUs (PyTorch's SyncBatchNorm runs on CUDA "
-                          "only); drop it on CPU")
+    check_devices(cfg, placement.use_gpu)
     ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
     if placement.elastic:
         refresh_elastic_view()  # start with every worker the cluster holds now
@@ -125,29 +123,6 @@ def announce(cfg: TrainConfig, placement: PlacementConfig, start: StartState, st
         echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
              f"global batch {describe_global_batch(cfg, placement)}, {cfg.epochs} "
              f"epochs x {cfg.steps_per_epoch} steps -> {store.run_path(cfg.name)}")
-
-
-def _with_objects(cfg: TrainConfig, model: Any, train_data: Any, loss: Any) -> TrainConfig:
-    """Name what the Python API passed in the config (what status.json, the resume check
-    and the start line show): ``python:<ClassName>``; the objects themselves go to the
-    workers apart from the config."""
-    import torch
-
-    changes = {}
-    if model is not None:
-        if not (isinstance(model, torch.nn.Module) or callable(model)):
-            raise ConfigError(f"model= must be an nn.Module or a callable returning one, not "
-                              f"{type(model).__name__}")
-        name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
-        changes["model"] = f"python:{name}"
-    if train_data is not None and (cfg.data != "synthetic" or cfg.dataset is not None):
-        raise ConfigError("give train_data= or --data / --dataset, not both")
-    if cfg.collate is not None and cfg.dataset is None and train_data is None:
-        raise ConfigError("--collate is for --dataset or train_data= (parquet and text rows are "
-                          "batched by ray-ddp)")
-    if loss is not None and not callable(loss):
-        raise ConfigError(f"loss= must be a callable fn(output, target), not {type(loss).__name__}")
-    return dataclasses.replace(cfg, **changes)
 
 
 def describe_global_batch(cfg: TrainConfig, placement: PlacementConfig) -> str:
