@@ -85,21 +85,6 @@ def test_an_elastic_run_survives_a_lost_worker_without_max_failures(ray_local, s
                      r"restarting from step-00000010 \(an elastic run goes on", restart[0]), restart[0]
 
 
-def test_a_crash_that_repeats_ends_an_elastic_run_in_one_line(ray_local, storage, tmp_path):
-    from user_models import dies_on_rank_one
-
-    lines: list[str] = []
-    with pytest.raises(TrainingError) as failed:
-        run(TrainConfig(workers="1-2", epochs=1, steps_per_epoch=10, batch_size=16, report_every=2,
-                        storage=str(storage), name="elastic-repeats", quiet=True),
-            echo=lines.append, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 5, True))
-    message = str(failed.value)
-    assert "\n" not in message and "gloo" not in message
-    assert re.match(r"rank 1 on node 127\.0\.0\.1 was lost \(its process \d+ died\)", message), message
-    assert "failed 3 times in a row after the same checkpoint" in message
-    assert len([line for line in lines if "restarting from the start" in line]) == 2
-
-
 def test_a_fixed_run_names_the_lost_worker_and_the_flag(ray_local, storage, tmp_path):
     from user_models import dies_on_rank_one
 
