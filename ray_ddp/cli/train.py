@@ -18,6 +18,10 @@ def add_parser(sub) -> None:
     for f in config_fields():
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
+        if "bool" in kind and f.metadata.get("takes_value"):  # --init-strict false
+            train.add_argument(flag, type=parse_bool, default=None, metavar="true|false",
+                               help=f.metadata["help"] + f" (default: {str(f.default).lower()})")
+            continue
         if "bool" in kind:
             train.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
             continue
@@ -25,6 +29,13 @@ def add_parser(sub) -> None:
         train.add_argument(flag, type=caster, default=None, choices=f.metadata.get("choices"),
                            metavar=None if f.metadata.get("choices") else f.name.upper(),
                            help=f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})"))
+
+
+def parse_bool(text: str) -> bool:
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ def validate_config(cfg: TrainConfig) -> None:
                  "report_every", "input_dim", "output_dim", "width", "depth", "grad_accum",
                  "heads", "seq_len", "vocab_size", "eval_every"):
         _require_positive(name, getattr(cfg, name))
-    for name in ("cpus_per_worker", "num_classes", "global_batch"):
+    for name in ("cpus_per_worker", "num_classes", "global_batch", "early_stop"):
         if getattr(cfg, name) is not None:
             _require_positive(name, getattr(cfg, name))
     cfg.workers = parse_workers(cfg.workers) if cfg.workers is not None else None
@@ -76,7 +76,7 @@ def validate_config(cfg: TrainConfig) -> None:
     if cfg.model not in BUILTIN_MODELS and ":" not in cfg.model:
         raise ConfigError(
             f"unknown model '{cfg.model}'; use one of {', '.join(BUILTIN_MODELS)} "
-            "or package.module:callable"
+            ", hf:DIR or package.module:callable"
         )
     if cfg.dataset is not None and cfg.data != "synthetic":
         raise ConfigError("give --data or --dataset, not both")
@@ -90,6 +90,8 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError("give --val-data or --val-fraction, not both")
     if cfg.val_fraction and cfg.stream:
         raise ConfigError("--val-fraction splits rows held in memory; with --stream give --val-data")
+    if cfg.model.startswith("hf:") and not cfg.model[3:].strip():
+        raise ConfigError("--model hf:DIR needs the folder: hf:/path/to/saved_model")
     if cfg.strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {cfg.strategy}")
     if cfg.strategy == "fsdp":
@@ -141,9 +143,13 @@ def check_objects(cfg: TrainConfig, objects: dict[str, Any]) -> None:
                           "batched by ray-ddp)")
     if loss is not None and not callable(loss):
         raise ConfigError(f"loss= must be a callable fn(output, target), not {type(loss).__name__}")
-    if cfg.keep_best and not (cfg.val_data or cfg.val_fraction or objects.get("val_data") is not None):
+    has_validation = cfg.val_data or cfg.val_fraction or objects.get("val_data") is not None
+    if cfg.keep_best and not has_validation:
         raise ConfigError("--keep-best keeps the checkpoint with the lowest validation loss: "
                           "give --val-data, --val-fraction or val_data=")
+    if cfg.early_stop is not None and not has_validation:
+        raise ConfigError("--early-stop counts validations without a lower val_loss: give "
+                          "--val-data, --val-fraction or val_data=")
     for spec, what in ((cfg.loss, "loss"), (cfg.collate, "collate")):
         if spec is not None:
             load_callable(spec, what=what)

@@ -28,9 +28,19 @@ class TrainConfig:
     # --- model and data ---
     model: str = _opt(
         "model: toy, toy-mp (two stages over a device pair), mlp, gpt (a small decoder-only "
-        "transformer, for --task lm), or package.module:callable returning an nn.Module",
+        "transformer, for --task lm), hf:DIR (a Hugging Face save_pretrained folder, local or "
+        "on the run's storage: the architecture its config.json names, with its weights; "
+        "offline; needs ray_ddp[hf]), or package.module:callable returning an nn.Module",
         default="toy",
     )
+    init_from: Optional[str] = _opt(
+        "start a new run from these weights (new optimizer, step 0): a state_dict file (.pt, "
+        ".bin, .safetensors), a ray-ddp model.pt, another run's checkpoint folder, or a Hugging "
+        "Face save_pretrained folder; a rerun of the same --name resumes its own checkpoint "
+        "instead", default=None)
+    init_strict: bool = _opt("with --init-from: every key of the model must be in the weights "
+                             "and every weight must fit (false: load the keys that match, e.g. "
+                             "for a new head)", default=True, takes_value=True)
     task: Optional[str] = _opt(
         "what to learn: regression (mean squared error), classification (cross-entropy over "
         "integer labels; windows also report accuracy) or lm (next-token cross-entropy; "
@@ -62,6 +72,9 @@ class TrainConfig:
     val_fraction: float = _opt("hold out this fraction of --data / --dataset rows for validation "
                                "(a split fixed by --seed, never trained on)", default=0.0)
     eval_every: int = _opt("epochs between validations (the last epoch is always evaluated)", default=1)
+    early_stop: Optional[int] = _opt("stop after this many validations in a row without a lower "
+                                     "val_loss (needs validation data); the run then counts as "
+                                     "complete", default=None)
     input_dim: int = _opt("features per synthetic sample (with --data: taken from the columns)",
                           default=10)
     output_dim: int = _opt("targets per synthetic sample (with --data: taken from the columns)",
@@ -72,6 +85,10 @@ class TrainConfig:
     seq_len: int = _opt("tokens per training sequence (--task lm)", default=64)
     vocab_size: int = _opt("vocabulary of the gpt model (text data is bytes: 256); default: "
                            "from the data", default=256)
+    activation_checkpointing: bool = _opt(
+        "recompute activations in backward instead of keeping them (less memory, more "
+        "compute): the gpt's blocks through torch.utils.checkpoint (use_reentrant=False), a "
+        "Hugging Face model through gradient_checkpointing_enable", default=False)
     sync_batchnorm: bool = _opt("BatchNorm statistics over the global batch "
                                 "(nn.SyncBatchNorm) instead of each rank's own", default=False)
     find_unused_parameters: bool = _opt("let DDP handle a forward that skips some parameters "
