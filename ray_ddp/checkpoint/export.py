@@ -1,10 +1,12 @@
-"""`ray-ddp export`: a checkpoint's model as one plain ``state_dict`` file.
+"""`ray-ddp export`: a checkpoint's model as one plain ``state_dict`` file (``--format
+torch``, the default), or for a Hugging Face model as a ``save_pretrained`` folder
+(``--format hf``, written by hf_export.py).
 
 Runs on the driver (any machine that reaches the storage), with no Ray and no process
 group. A DDP checkpoint already holds ``model.pt``: it is checked and copied. A sharded
 (FSDP) checkpoint holds each rank's shards: they are read back into whole tensors. Either
 way the file loads with ``torch.load(path, weights_only=True)`` into the bare model,
-without ray_ddp. The file appears whole or not at all (written beside, then renamed).
+without ray_ddp. The output appears whole or not at all (written beside, then renamed).
 A checkpoint that would need unpickling to read (pickled objects in model.pt, a
 ``.metadata`` naming classes DCP's metadata is not made of) is refused in one line.
 
@@ -16,17 +18,18 @@ import contextlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional
 import pyarrow.fs as pafs
 import torch
-from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, checkpoint_dir_name
+from ray_ddp.checkpoint.format import HF_CONFIG_FILE, META_FILE, MODEL_FILE, checkpoint_dir_name
 from ray_ddp.errors import CheckpointError
 from ray_ddp.checkpoint.verify import checkpoint_file_problem, find_latest_checkpoint
 from ray_ddp.checkpoint.load import load_tensors
 from ray_ddp.errors import ConfigError
 from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import read_model_state
+from ray_ddp.checkpoint import hf_export
 from ray_ddp.storage import read_json, resolve_storage
 
 
@@ -40,16 +43,33 @@ class ExportSummary:
     tensors: int
     parameters: int  # elements of all tensors (buffers included)
     sharded: bool  # consolidated from FSDP shards (else a DDP model.pt, copied)
+    format: str = "torch"
+    architecture: Optional[str] = None  # --format hf: the transformers class written
+    files: list[str] = field(default_factory=list)  # --format hf: the folder's files
 
     def text(self) -> str:
         source = "consolidated from its shards" if self.sharded else "copied"
+        if self.format == "hf":
+            return (f"exported {self.checkpoint} of run {self.run} ({source}) as Hugging Face "
+                    f"{self.architecture}: {self.tensors} tensors, {self.parameters:,} values -> "
+                    f"{self.out} ({', '.join(self.files)})")
         return (f"exported {self.checkpoint} of run {self.run} ({source}): {self.tensors} tensors, "
                 f"{self.parameters:,} values -> {self.out}")
 
 
-def export_model(run: str, storage: str, step: Optional[int] = None, out: Optional[str] = None) -> ExportSummary:
+FORMATS = ("torch", "hf")
+
+
+def export_model(run: str, storage: str, step: Optional[int] = None, out: Optional[str] = None,
+                 format: str = "torch") -> ExportSummary:
     """Write the model of run ``run``'s checkpoint at ``step`` (default: the newest whole
-    one) to ``out`` (default: ``<run>-step-<N>.pt`` in the current folder)."""
+    one) to ``out``: with ``format="torch"`` one state_dict file (default:
+    ``<run>-step-<N>.pt`` in the current folder); with ``format="hf"`` a new or empty
+    folder that ``from_pretrained`` loads (``out`` required)."""
+    if format not in FORMATS:
+        raise ConfigError(f"--format {format}: choose one of {', '.join(FORMATS)}")
+    if format == "hf" and not out:
+        raise ConfigError("--format hf needs --out DIR: the folder to write the model into")
     store = resolve_storage(storage)
     run_path = store.run_path(run)
     scan = find_latest_checkpoint(store.fs, run_path, verify_crc=step is None)
@@ -70,19 +90,37 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
         problem = checkpoint_file_problem(store.fs, f"{run_path}/{dir_name}", meta, verify_crc=True)
         if problem is not None:
             raise ConfigError(f"checkpoint {dir_name} of run {run} is unusable: {problem}")
-    target = os.path.abspath(out or f"{run}-{dir_name}.pt")
-    if not os.path.isdir(os.path.dirname(target)):
-        raise ConfigError(f"--out {out}: folder {os.path.dirname(target)} does not exist")
     files = meta["files"]
+    what = f"checkpoint {dir_name} of run {run}"
+    if format == "hf":
+        if HF_CONFIG_FILE not in files:  # before the folder or the package: this is the mistake
+            raise ConfigError(f"run {run}'s model is not a Hugging Face model (its checkpoint has no "
+                              f"{HF_CONFIG_FILE}); use --format torch")
+        target = hf_export.check_out_folder(out)
+        transformers = hf_export.import_transformers()
+    else:
+        target = os.path.abspath(out or f"{run}-{dir_name}.pt")
+        if not os.path.isdir(os.path.dirname(target)):
+            raise ConfigError(f"--out {out}: folder {os.path.dirname(target)} does not exist")
     sharded = MODEL_FILE not in files
     if sharded and DCP_METADATA not in files:
-        raise ConfigError(f"checkpoint {dir_name} of run {run} holds no model (neither {MODEL_FILE} "
-                          "nor shards)")
-    with local_copy(store, f"{run_path}/{dir_name}", [MODEL_FILE] if not sharded else list(files)) as folder:
+        raise ConfigError(f"{what} holds no model (neither {MODEL_FILE} nor shards)")
+    names = list(files) if sharded else [MODEL_FILE] + ([HF_CONFIG_FILE] if format == "hf" else [])
+    with local_copy(store, f"{run_path}/{dir_name}", names) as folder:
         try:
             state = read_model_state(folder) if sharded else load_tensors(os.path.join(folder, MODEL_FILE))
         except CheckpointError as err:  # the user's to act on: the CLI's one line and exit 2
-            raise ConfigError(f"checkpoint {dir_name} of run {run}: {err}") from None
+            raise ConfigError(f"{what}: {err}") from None
+        if format == "hf":
+            fields = hf_export.read_hf_config(os.path.join(folder, HF_CONFIG_FILE), what)
+    summary = ExportSummary(run=run, checkpoint=dir_name, out=target, tensors=len(state),
+                            parameters=sum(t.numel() for t in state.values()), sharded=sharded,
+                            format=format)
+    if format == "hf":
+        model = hf_export.build_hf_model(transformers, fields, what)
+        hf_export.fill(model, state, what)
+        summary.architecture, summary.files = type(model).__name__, hf_export.save_hf(model, target)
+        return summary
     partial = f"{target}.partial-{os.getpid()}"
     try:
         torch.save(state, partial)
@@ -90,8 +128,7 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     finally:
         if os.path.exists(partial):
             os.remove(partial)
-    return ExportSummary(run=run, checkpoint=dir_name, out=target, tensors=len(state),
-                         parameters=sum(t.numel() for t in state.values()), sharded=sharded)
+    return summary
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """A checkpoint folder's files and how rank 0 writes them: ``model.pt`` (the bare
 model's state_dict), ``train_state.pt`` (optimizer, schedule, scaler, RNG, position) and
-``meta.json`` (the config, sizes and CRC-32 of every file). Plain PyTorch files that load
-with ``torch.load(..., weights_only=True)`` without ray_ddp. Runs on workers.
+``meta.json`` (the config, sizes and CRC-32 of every file), and for a Hugging Face model
+``hf_config.json`` (its config, naming its class, so that ``ray-ddp export --format hf``
+rebuilds it without the user's code). Plain PyTorch files that load with
+``torch.load(..., weights_only=True)`` without ray_ddp. Runs on workers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ STATE_FILE = "train_state.pt"
 
 
 META_FILE = "meta.json"
+
+
+HF_CONFIG_FILE = "hf_config.json"
 
 
 @dataclass
@@ -64,6 +69,27 @@ def _distinct_gpus(devices: Sequence[torch.device]) -> list[torch.device]:
     return list(dict.fromkeys(d for d in devices if d.type == "cuda"))
 
 
+def hf_config_json(model: nn.Module) -> Optional[str]:
+    """A Hugging Face model's config as JSON, ``architectures`` naming its class: all that
+    ``transformers`` needs to rebuild the model without the user's code. None for any other
+    model. A transformers PreTrainedModel is told by its duck type (``save_pretrained`` and
+    a ``config`` with ``to_json_string``), so transformers is never imported for it here."""
+    config = getattr(model, "config", None)
+    if not callable(getattr(model, "save_pretrained", None)) or \
+            not callable(getattr(config, "to_json_string", None)):
+        return None
+    # every field, not the diff from the defaults: the exporting transformers may have others
+    fields = json.loads(config.to_json_string(use_diff=False))
+    fields["architectures"] = [hf_class_name(model)]
+    return json.dumps(fields, indent=2, sort_keys=True) + "\n"
+
+
+def hf_class_name(model: nn.Module) -> str:
+    """The model's own class: FSDP2's ``fully_shard`` swaps in a subclass of its own
+    (``FSDPGPT2LMHeadModel``, defined in torch), which transformers does not know."""
+    return next(c for c in type(model).__mro__ if not c.__module__.startswith("torch.")).__name__
+
+
 def to_cpu(obj: Any, into: Any = None) -> Any:
     """A copy with every tensor on the CPU, so a GPU checkpoint loads on any machine. A
     copy even of CPU tensors: training goes on changing the originals while it is
@@ -90,6 +116,7 @@ class CheckpointSnapshot:
     model: dict[str, Any]
     train_state: dict[str, Any]
     meta: dict[str, Any]
+    hf_config: Optional[str] = None  # hf_config.json's text, for a Hugging Face model only
 
 
 def snapshot_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
@@ -113,19 +140,23 @@ def snapshot_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, stat
         meta={"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
               "world_size": len(state.rng),
               "saved_by_rank": rank, "config": config},
+        hf_config=hf_config_json(model),  # a small string: the config, not the weights
     )
 
 
 def write_checkpoint(directory: str, snapshot: CheckpointSnapshot,
                      fs: Optional[pafs.FileSystem] = None) -> None:
-    """Write the three files into ``directory`` (on ``fs``: any pyarrow filesystem, the
-    local disk by default), straight to where they stay. meta.json comes last, with each
-    file's size and CRC-32 (counted as the bytes go out, not read back), so a folder cut
-    short is recognised as such."""
+    """Write the files into ``directory`` (on ``fs``: any pyarrow filesystem, the local
+    disk by default), straight to where they stay. meta.json comes last, with each file's
+    size and CRC-32 (counted as the bytes go out, not read back), so a folder cut short is
+    recognised as such, and a changed hf_config.json as well as a changed model.pt."""
     fs = fs or pafs.LocalFileSystem()
     fs.create_dir(directory, recursive=True)
     files = {name: save_counted(fs, f"{directory}/{name}", obj)
              for name, obj in ((MODEL_FILE, snapshot.model), (STATE_FILE, snapshot.train_state))}
+    if snapshot.hf_config is not None:
+        files[HF_CONFIG_FILE] = write_counted(fs, f"{directory}/{HF_CONFIG_FILE}",
+                                              snapshot.hf_config.encode())
     write_meta(fs, directory, snapshot.meta, files)
 
 
@@ -135,6 +166,13 @@ def save_counted(fs: pafs.FileSystem, path: str, obj: Any) -> dict[str, int]:
         counted = CountingWriter(stream)
         torch.save(obj, counted)
     return {"bytes": counted.bytes, "crc32": counted.crc32}
+
+
+def write_counted(fs: pafs.FileSystem, path: str, data: bytes) -> dict[str, int]:
+    """Write ``data`` to ``path`` on ``fs``; its size and CRC-32, as meta.json lists them."""
+    with fs.open_output_stream(path) as stream:
+        stream.write(data)
+    return {"bytes": len(data), "crc32": zlib.crc32(data)}
 
 
 def write_meta(fs: pafs.FileSystem, directory: str, meta: dict[str, Any], files: dict[str, Any]) -> None:

@@ -16,7 +16,8 @@ import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 from torch import nn
-from ray_ddp.checkpoint.format import MODEL_FILE, STATE_FILE, TrainState, save_counted, to_cpu, write_meta
+from ray_ddp.checkpoint.format import HF_CONFIG_FILE, MODEL_FILE, STATE_FILE, TrainState, \
+    hf_config_json, save_counted, to_cpu, write_counted, write_meta
 from ray_ddp.errors import CheckpointError
 from ray_ddp.checkpoint.verify import file_fingerprint
 from ray_ddp.checkpoint.load import load_tensors
@@ -34,13 +35,14 @@ def is_sharded_checkpoint(directory: str) -> bool:
 @dataclass
 class ShardedSnapshot:
     """One checkpoint under way: DCP's write (a Future), where it writes, and what rank 0
-    adds (train_state.pt, model.pt, meta.json's fields)."""
+    adds (train_state.pt, model.pt, hf_config.json, meta.json's fields)."""
 
     future: Any
     folder: str  # local folder DCP writes into: the checkpoint itself, or a staging copy
     train_state: Optional[dict[str, Any]] = None
     model: Optional[dict[str, Any]] = None
     meta: Optional[dict[str, Any]] = None
+    hf_config: Optional[str] = None  # a Hugging Face model's config (rank 0's, as in a DDP checkpoint)
 
 
 class ShardedCheckpointWriter:
@@ -89,6 +91,7 @@ class ShardedCheckpointWriter:
             snapshot.meta = {"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
                              "world_size": len(state.rng), "saved_by_rank": 0, "config": config,
                              "format": "sharded"}
+            snapshot.hf_config = hf_config_json(model)
         return snapshot
 
     def write(self, snapshot: ShardedSnapshot, dir_name: str) -> str:
@@ -111,6 +114,9 @@ class ShardedCheckpointWriter:
                 for name, obj in ((STATE_FILE, snapshot.train_state), (MODEL_FILE, snapshot.model)):
                     if obj is not None:
                         files[name] = save_counted(self.fs, f"{path}/{name}", obj)
+                if snapshot.hf_config is not None:
+                    files[HF_CONFIG_FILE] = write_counted(self.fs, f"{path}/{HF_CONFIG_FILE}",
+                                                          snapshot.hf_config.encode())
                 write_meta(self.fs, path, snapshot.meta, files)
             return path
         finally:

@@ -1,4 +1,5 @@
-"""``ray-ddp export``: a checkpoint's model as one plain state_dict file. Runs on the driver."""
+"""``ray-ddp export``: a checkpoint's model as one plain state_dict file, or (``--format
+hf``) a Hugging Face model as a ``from_pretrained`` folder. Runs on the driver."""
 
 from __future__ import annotations
 
@@ -9,18 +10,27 @@ from ray_ddp.config.train import TrainConfig
 
 def add_parser(sub) -> None:
     export = sub.add_parser("export", help="write a checkpoint's model as one plain state_dict file "
-                                           "(consolidating an FSDP checkpoint's shards)")
+                                           "(consolidating an FSDP checkpoint's shards), or a Hugging "
+                                           "Face model as a from_pretrained folder")
     export.add_argument("run", help="the run's name (its folder under --storage)")
     export.add_argument("--storage", default=TrainConfig.storage,
                         help=f"where the run lives (default: {TrainConfig.storage})")
     export.add_argument("--step", type=int, default=None,
                         help="the checkpoint's global step (default: the newest whole checkpoint)")
-    export.add_argument("--out", metavar="FILE", default=None,
-                        help="the file to write (default: <run>-step-<N>.pt in the current folder)")
+    # the names live here, not imported from checkpoint/export.py: that module imports
+    # torch, and `ray-ddp --help` should not wait for it
+    export.add_argument("--format", choices=("torch", "hf"), default="torch",
+                        help="torch: one state_dict file for torch.load(weights_only=True); hf: for a "
+                             "Hugging Face (transformers) model, a folder that "
+                             "AutoModel*.from_pretrained loads (config.json, model.safetensors) "
+                             "(default: torch)")
+    export.add_argument("--out", metavar="PATH", default=None,
+                        help="--format torch: the file to write (default: <run>-step-<N>.pt in the "
+                             "current folder); --format hf: the new or empty folder to write (required)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ray_ddp.checkpoint.export import export_model
 
-    print(export_model(args.run, args.storage, args.step, args.out).text())
+    print(export_model(args.run, args.storage, args.step, args.out, args.format).text())
     return 0
