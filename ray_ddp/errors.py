@@ -55,3 +55,8 @@ class ProcessFailed(RuntimeError):
                  stderr_tail: Sequence[str] = ()):
         super().__init__(f"rank {rank} failed: {message}")
         self.rank, self.exit_code, self.stderr_tail = rank, exit_code, list(stderr_tail)
+
+
+class BatchError(ValueError):
+    """A batch or a model's output that the task cannot use: a dict whose keys the forward
+    does not take, an output with neither logits nor a loss."""

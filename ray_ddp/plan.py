@@ -24,6 +24,9 @@ class WorkerPlan:
     newest_at_start: Optional[str]
     total_steps: int
     objects: bytes = b""
+    model_loss: bool = False  # batches hand the model its labels: its own loss is the objective
+    init_from: Optional[str] = None  # a new run's first weights (--init-from)
+    init_strict: bool = True
 
     def load_objects(self) -> dict[str, Any]:
         from ray import cloudpickle

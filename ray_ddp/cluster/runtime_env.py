@@ -27,7 +27,7 @@ def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[st
     which cloudpickle ships by reference to its module) must import on the workers as it
     did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV)."""
     specs = [spec for spec in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)
-             if spec and ":" in spec and not spec.startswith("python:")]
+             if spec and ":" in spec and not spec.startswith(("python:", "hf:"))]
     modules = [spec.split(":")[0] for spec in specs] + [_module_of(obj) for obj in objects]
     modules = [m for m in modules if m]
     env = importable_env(*modules) if modules else {}

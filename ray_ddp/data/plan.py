@@ -29,6 +29,14 @@ class DataShapeConfig:
     # a batch of the first item (inputs, targets), for the driver's output-shape check
     example: Any = field(default=None, compare=False, repr=False)
 
+    @property
+    def hands_labels(self) -> bool:
+        """Whether batches hand the model ``labels`` (a dict with that key): the model
+        then computes its own loss (the Hugging Face convention)."""
+        from collections.abc import Mapping
+
+        return self.example is not None and isinstance(self.example[0], Mapping) and "labels" in self.example[0]
+
 
 def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None) -> Optional[DataShapeConfig]:
     """Check the training and validation data; None for synthetic regression data."""
@@ -93,13 +101,15 @@ def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
 
 def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
     """A Dataset's first item says the sizes; an integer scalar target (a Python int, a
-    0-d tensor or a numpy integer) makes it classification."""
+    0-d tensor or a numpy integer) makes it classification, a sequence of integers lm."""
     import torch
 
     x, y = ds[0]
     y_t = _as_tensor(y)
-    integer_label = y_t is not None and y_t.dim() == 0 and not torch.is_floating_point(y_t)
-    task = cfg.task or ("classification" if integer_label else "regression")
+    integer = y_t is not None and not torch.is_floating_point(y_t) and y_t.dtype != torch.bool
+    # one integer a row is a class label; a sequence of them, tokens (a language model's)
+    task = cfg.task or ("classification" if integer and y_t.dim() == 0 else
+                        "lm" if integer else "regression")
     classes = cfg.num_classes
     builtin = ":" not in cfg.model and cfg.model != "gpt"
     if task == "classification" and classes is None and builtin:

@@ -20,9 +20,12 @@ from ray_ddp.errors import TrainingError
 
 
 def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
-                     start: StartState, objects: dict[str, Any], echo: Callable[[str], None]) -> None:
+                    start: StartState, objects: dict[str, Any], echo: Callable[[str], None], *,
+                    init_from: Optional[str] = None, model_loss: bool = False) -> None:
     """TorchTrainer.fit() with progress shown, and status.json telling where it stands;
-    started again from the newest checkpoint when ``failures`` says the run goes on."""
+    started again from the newest checkpoint when ``failures`` says the run goes on.
+    ``init_from``: a new run's first weights; ``model_loss``: batches hand the model its
+    labels (WorkerPlan)."""
     run_path = store.run_path(cfg.name)
     scan = start.scan
     restarts = RestartState()
@@ -31,7 +34,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
         while True:
             try:
                 with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
-                    _fit(cfg, store, placement, plan_workers(cfg, scan, objects), objects)
+                    _fit(cfg, store, placement, plan_workers(cfg, scan, objects, init_from, model_loss), objects)
                 break
             except TrainingError as err:
                 scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
@@ -56,7 +59,8 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
                   stretches=world_stretches(table) if table is not None and table.num_rows else None)
 
 
-def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]) -> WorkerPlan:
+def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any],
+                 init_from: Optional[str] = None, model_loss: bool = False) -> WorkerPlan:
     """All a worker receives: the resolved config, where to resume, where the run ends,
     and the Python API's objects, pickled here (Ray Train's controller only hands them
     on, and could not import a user's module that only the workers' PYTHONPATH holds)."""
@@ -64,7 +68,10 @@ def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]
 
     return WorkerPlan(config=cfg, resume_from=scan.latest, newest_at_start=scan.newest,
                       total_steps=planned_steps(cfg, scan.meta),
-                      objects=cloudpickle.dumps({k: v for k, v in objects.items() if v is not None}))
+                      objects=cloudpickle.dumps({k: v for k, v in objects.items() if v is not None}),
+                      model_loss=model_loss,
+                      # only before this run's first checkpoint: a restart resumes it instead
+                      init_from=init_from if scan.latest is None else None, init_strict=cfg.init_strict)
 
 
 def _decide_restart(err: "TrainingError", restarts: RestartState, cfg: TrainConfig,

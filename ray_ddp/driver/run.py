@@ -17,7 +17,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
 from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
-from ray_ddp.models.build import check_model, model_stages
+from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
 from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.start import StartState, find_start
@@ -45,6 +45,12 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     check_model(cfg, model, data_shape.example if data_shape is not None and loss is None else None)
     store = open_storage(cfg)
     start = find_start(cfg, store, data_shape, echo)
+    init_from = cfg.init_from if start.resumed_from is None else None
+    if cfg.init_from and init_from is None:
+        echo(f"--init-from {cfg.init_from} is ignored: run {cfg.name} resumes from its own "
+             f"checkpoint {start.resumed_from}")
+    elif init_from is not None:
+        check_init_from(cfg, model, init_from)  # the keys, before any worker reads the weights
     if start.complete:
         summary = read_json(store.fs, f"{store.run_path(cfg.name)}/{SUMMARY_FILE}")
         if summary is not None:
@@ -63,7 +69,8 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         cfg, placement = place_workers(cfg, cluster, data_shape, given_batch, echo)
         announce(cfg, placement, start, store, echo)
         marks["fit"] = time.time()
-        fit_with_status(cfg, store, placement, start, objects, echo)
+        fit_with_status(cfg, store, placement, start, objects, echo, init_from=init_from,
+                        model_loss=data_shape is not None and data_shape.hands_labels and loss is None)
     return write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
 
 

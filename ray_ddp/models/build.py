@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.models.activation import apply_activation_checkpointing, check_activation_checkpointing
+from ray_ddp.models.hf import build_hf_model, check_hf_folder, is_hf_model
 from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
 
 
@@ -34,13 +36,20 @@ def load_callable(spec: str, what: str = "model") -> Callable[..., nn.Module]:
 
 def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
     """Build cfg.model on ``devices`` (one device, or a pair for toy-mp); ``given``: a
-    model the Python API passed (an nn.Module, or a callable returning one)."""
+    model the Python API passed (an nn.Module, or a callable returning one). With
+    --activation-checkpointing its blocks recompute in backward (models/activation.py)."""
+    return apply_activation_checkpointing(_build_bare_model(cfg, devices, given), cfg)
+
+
+def _build_bare_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
     first, last = devices[0], devices[-1]
     if given is not None:
         model = given if isinstance(given, nn.Module) else given()
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model= returned {type(model).__name__}, not a torch.nn.Module")
         return model.to(first)
+    if is_hf_model(cfg.model):
+        return build_hf_model(cfg.model, first)
     if cfg.model == "gpt":
         return GPT(cfg.vocab_size, cfg.width, cfg.depth, cfg.heads, cfg.seq_len).to(first)
     if cfg.model == "toy":
@@ -74,8 +83,11 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None) -> int
     Returns the number of trainable parameters. Runs on the driver, before Ray starts.
     """
     meta = torch.device("meta")
+    if is_hf_model(cfg.model):
+        check_hf_folder(cfg.model)
     if isinstance(given, nn.Module):
         model = given
+        check_activation_checkpointing(model, cfg)
     else:
         with meta:
             model = build_model(cfg, [meta, meta], given)
@@ -94,14 +106,29 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None) -> int
     return trainable
 
 
+def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
+    """``--init-from``'s weights against the model's keys and shapes (on the meta device),
+    in one line if they do not fit. Runs on the driver."""
+    from ray_ddp.models.init import check_init_weights, read_init_weights
+
+    meta = torch.device("meta")
+    if isinstance(given, nn.Module):
+        model = given
+    else:
+        with meta:
+            model = build_model(cfg, [meta, meta], given)
+    check_init_weights(model, read_init_weights(init_from), cfg.init_strict, init_from)
+
+
 def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:
     """Run the meta-device model on the example batch and ask the task whether its output
     pairs with the target, so a shape mismatch is one line before any worker starts. A
     model that cannot run on the meta device is checked at its first step instead."""
     from torch.utils._pytree import tree_map
 
-    from ray_ddp.errors import TargetShapeError
-    from ray_ddp.tasks import build_task, forward
+    from ray_ddp.errors import BatchError, TargetShapeError
+    from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of
+    from ray_ddp.tasks.build import build_task
 
     def to_meta(t):
         return torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t
@@ -110,11 +137,22 @@ def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None
     try:
         with torch.no_grad():
             out = forward(model, x)
+    except BatchError as err:
+        raise ConfigError(f"model '{cfg.model}': {err}") from None
     except Exception:  # noqa: BLE001 - data-dependent code, a custom op: the worker checks
         return
-    if cfg.loss is not None or not isinstance(out, torch.Tensor) or not isinstance(y, torch.Tensor):
+    if labels_of(x) is not None:
+        if loss_of(out) is None:
+            raise ConfigError(f"model '{cfg.model}': the batch hands it labels but its output has "
+                              "no loss; return one in .loss, or drop 'labels' from the batch")
+        return  # the model's own loss pairs them
+    logits = logits_of(out)
+    if cfg.loss is not None or not isinstance(y, torch.Tensor):
         return  # the user's loss pairs them itself
+    if not isinstance(logits, torch.Tensor):
+        raise ConfigError(f"model '{cfg.model}' returns {type(out).__name__} with no logits and no "
+                          "loss; return a tensor, an output with .logits, or a loss")
     try:
-        build_task(cfg.task or "regression", cfg.seq_len).match_target(out, y)
+        build_task(cfg.task or "regression", cfg.seq_len).match_target(logits, y)
     except TargetShapeError as err:
         raise ConfigError(f"model '{cfg.model}': {err}") from None

@@ -15,6 +15,7 @@ from ray_ddp.checkpoint.format import TrainState
 from ray_ddp.checkpoint.resume import load_checkpoint_to_resume
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.build import build_model
+from ray_ddp.models.init import apply_init_weights, read_init_weights
 from ray_ddp.parallel.strategy import Strategy
 from ray_ddp.plan import WorkerPlan
 
@@ -58,6 +59,8 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     parameters are the same tensors), makes them the saved ones."""
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, strategy.build_devices(devices), given_model)
+    if plan.init_from is not None:  # a new run's first weights, into the bare model
+        apply_init_weights(model, read_init_weights(plan.init_from), plan.init_strict, plan.init_from)
     if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     wrapped = strategy.setup_module(model, devices)  # before the optimizer: FSDP's shards

@@ -4,32 +4,44 @@ schedule. Runs on workers.
 
 The loss for backward is the task's summed loss over this rank's share of the step's
 units: the strategy's mean over ranks is then the exact mean over the global batch,
-however it is split across ranks and micro-batches.
+however it is split across ranks and micro-batches. The micro-batches of a step are
+fetched first, so that a task whose units vary (labels of -100) can count them.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
-from ray_ddp.tasks import Task, batch_rows, forward, to_device
+from ray_ddp.tasks.builtin import Task
+from ray_ddp.tasks.batches import batch_rows, forward, to_device
 from ray_ddp.worker.parts import TrainParts
 from ray_ddp.worker.window import WindowState
 
 
 def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch: int, step: int,
-               grad_accum: int, clip_grad: float) -> None:
+               grad_accum: int, clip_grad: float, collective_device: torch.device) -> None:
     in_device, out_device = parts.devices[0], parts.devices[-1]
     parts.zero_grad()
-    for micro in range(grad_accum):
+    started = window.busy.start()
+    batches = [source.micro_batch(epoch, step, micro) for micro in range(grad_accum)]
+    # the loss is summed over this rank's units and divided by its share of the step's:
+    # a fixed number of units per row, or (masked labels) the step's units counted on the
+    # host copies and summed over the ranks, as the Hugging Face Trainer does
+    if task.variable_units:
+        share = count_step_units(task, batches, collective_device) / dist.get_world_size()
+    else:
+        share = batches[0][2] * task.units_per_row
+    window.busy.stop(started)
+    for micro, (x, y, _) in enumerate(batches):
         started = window.busy.start()
-        x, y, share = source.micro_batch(epoch, step, micro)
         x, y = to_device(x, in_device), to_device(y, out_device)
         # only the last micro-batch's backward reduces gradients; the others accumulate
         with parts.no_backward_sync(micro == grad_accum - 1):
             with parts.autocast():
                 out = forward(parts.forward, x)
-            sums = task.sums(out, y)
-            loss = sums["loss"] / (share * task.units_per_row)
+            sums = task.sums(out, y, x)
+            loss = sums["loss"] / share if share else sums["loss"] * 0.0
             window.busy.stop(started)
             parts.scaler.scale(loss).backward()
         window.add(sums, batch_rows(y))
@@ -40,3 +52,11 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
     parts.scaler.update()
     parts.scheduler.step()
     window.steps += 1
+
+
+def count_step_units(task: Task, batches: list, collective_device: torch.device) -> float:
+    """The step's units over every rank and micro-batch: one small all-reduce."""
+    local = sum(task.count_units(x, y) for x, y, _ in batches)
+    total = torch.tensor([local], dtype=torch.float64, device=collective_device)
+    dist.all_reduce(total)
+    return float(total.item())

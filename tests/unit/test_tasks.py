@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from ray_ddp.tasks import batch_rows, build_task, forward, to_device
+from ray_ddp.tasks.batches import batch_rows, forward, to_device
+from ray_ddp.tasks.build import build_task
 
 
 def split_loss(task, out, y, parts):

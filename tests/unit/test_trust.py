@@ -18,7 +18,7 @@ from ray_ddp.observe.schema import rank_mean
 from ray_ddp.observe.summarize import summarize_report
 from ray_ddp.models.build import check_model
 from ray_ddp.errors import TargetShapeError
-from ray_ddp.tasks import build_task
+from ray_ddp.tasks.build import build_task
 
 
 def test_a_target_of_shape_n_is_paired_with_an_output_of_one_column():

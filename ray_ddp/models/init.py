@@ -1,0 +1,109 @@
+"""``--init-from PATH``: a new run's first weights, from a plain state_dict file (.pt,
+.bin, .safetensors), a ray-ddp ``model.pt``, another run's checkpoint folder (DDP or FSDP
+shards) or a Hugging Face ``save_pretrained`` folder. Every load is ``weights_only``.
+Runs on the driver (to check the keys before any worker starts) and on workers (to load
+them into the bare model before the strategy sets it up)."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from ray_ddp.errors import ConfigError
+from ray_ddp.models.hf import local_folder
+
+_FILES = ("model.pt", "model.safetensors", "pytorch_model.bin")
+
+
+def read_init_weights(path: str) -> dict[str, torch.Tensor]:
+    """The state_dict at ``path``; ConfigError in one line for anything else."""
+    with local_folder(path) as local:
+        if os.path.isdir(local):
+            return _read_folder(local, path)
+        if not os.path.isfile(local):
+            raise ConfigError(f"--init-from {path}: no such file or folder")
+        return _read_file(local, path)
+
+
+def _read_folder(folder: str, given: str) -> dict[str, torch.Tensor]:
+    from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, read_model_state
+
+    if is_sharded_checkpoint(folder) and not os.path.isfile(os.path.join(folder, "model.pt")):
+        return read_model_state(folder)
+    for name in _FILES:
+        if os.path.isfile(os.path.join(folder, name)):
+            return _read_file(os.path.join(folder, name), given)
+    shards = sorted(glob.glob(os.path.join(folder, "model-*.safetensors")))  # a sharded save_pretrained
+    if shards:
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            state.update(_read_file(shard, given))
+        return state
+    raise ConfigError(f"--init-from {given}: the folder holds none of {', '.join(_FILES)}; give a "
+                      "checkpoint folder, a save_pretrained folder or a state_dict file")
+
+
+def _read_file(path: str, given: str) -> dict[str, torch.Tensor]:
+    if path.endswith(".safetensors"):
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ConfigError("reading .safetensors needs safetensors: pip install 'ray_ddp[hf]'") from None
+        return load_file(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a pickle with code, or not a torch file at all
+        raise ConfigError(f"--init-from {given}: not a state_dict that loads with weights_only=True "
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:160]})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # Lightning's and others' wrapping
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"--init-from {given}: {type(state).__name__} is not a state_dict (a dict of "
+                          "tensor names to tensors)")
+    return state
+
+
+def check_init_weights(model: nn.Module, state: dict[str, Any], strict: bool, given: str) -> None:
+    """Refuse, in one line listing the first few, keys that do not match: missing or
+    unexpected (with ``strict``), and shapes that differ (always)."""
+    own = model.state_dict()
+    aliases = _aliases(model)
+    missing = [k for k in own if k not in state and not any(a in state for a in aliases.get(k, ()))]
+    unexpected = [k for k in state if k not in own]
+    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in state
+             if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
+    problems = []
+    if wrong:
+        problems.append(f"shapes differ: {_first(wrong)}")
+    if strict and missing:
+        problems.append(f"missing: {_first(missing)}")
+    if strict and unexpected:
+        problems.append(f"unexpected: {_first(unexpected)}")
+    if problems:
+        hint = "; pass --init-strict false to load the keys that match (e.g. for a new head)" if strict \
+            and not wrong else ""
+        raise ConfigError(f"--init-from {given} does not fit the model: {'; '.join(problems)}{hint}")
+
+
+def apply_init_weights(model: nn.Module, state: dict[str, Any], strict: bool, given: str) -> None:
+    check_init_weights(model, state, strict, given)
+    own = model.state_dict()
+    model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+
+
+def _aliases(model: nn.Module) -> dict[str, list[str]]:
+    """For each key, the other keys of the same tensor (a tied embedding and head:
+    save_pretrained writes one of them)."""
+    groups: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), []).append(name)
+    return {name: [other for other in names if other != name] for names in groups.values() for name in names}
+
+
+def _first(keys: list[str], n: int = 4) -> str:
+    more = f" (and {len(keys) - n} more)" if len(keys) > n else ""
+    return ", ".join(keys[:n]) + more

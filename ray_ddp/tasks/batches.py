@@ -1,0 +1,121 @@
+"""How a batch reaches the device and the model, and what the model's output holds.
+Runs on workers (and on the driver's meta-device check).
+
+Batches and outputs are walked as pytrees (torch.utils._pytree), so nested tuples, dicts,
+namedtuples and Hugging Face ``ModelOutput``s need no code of their own. The calling
+convention is the field's: a dict batch is passed as keyword arguments when the model's
+forward names its keys (``model(**batch)``, as the Hugging Face Trainer does), whole to
+a forward of one argument; a tuple or list is spread over the forward's arguments.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+from ray_ddp.errors import BatchError
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Every tensor of a (nested) batch on ``device`` (non-blocking)."""
+    return tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, batch)
+
+
+def batch_rows(batch: Any) -> int:
+    """Rows in a batch: the first dimension of its first tensor."""
+    for leaf in tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor):
+            return len(leaf) if leaf.dim() else 1
+    return 0
+
+
+def forward(model: Callable, inputs: Any) -> Any:
+    """Call the model on a batch's inputs by the convention above."""
+    if isinstance(inputs, Mapping):
+        if _spreads_keywords(model, tuple(inputs)):
+            return model(**inputs)
+        return model(inputs)
+    if isinstance(inputs, (list, tuple)):
+        return model(*inputs)
+    return model(inputs)
+
+
+_KEYWORD_CACHE: dict[tuple[type, tuple[str, ...]], bool] = {}
+
+
+def _spreads_keywords(model: Callable, keys: tuple[str, ...]) -> bool:
+    """Whether a dict with ``keys`` goes to the forward as keyword arguments (decided once
+    per model class and key set: a signature is not read every step)."""
+    inner = _unwrapped(model)
+    cache_key = (type(inner), keys)
+    if cache_key not in _KEYWORD_CACHE:
+        _KEYWORD_CACHE[cache_key] = _decide_keywords(inner, keys)
+    return _KEYWORD_CACHE[cache_key]
+
+
+def _decide_keywords(module: Callable, keys: tuple[str, ...]) -> bool:
+    target = getattr(module, "forward", module)
+    try:
+        params = [p for p in inspect.signature(target).parameters.values()]
+    except (TypeError, ValueError):  # a builtin without a signature: pass the dict whole
+        return False
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if names & set(keys):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is p.empty]
+    if len(positional) <= 1 or any(p.kind == p.VAR_POSITIONAL for p in params):
+        return False  # forward(batch): the dict, whole
+    raise BatchError(
+        f"the batch is a dict of {', '.join(keys)} but {type(module).__name__}.forward takes "
+        f"{', '.join(p.name for p in positional)}: name the forward's parameters after the keys "
+        "(they are passed as keyword arguments), or take the dict as one argument")
+
+
+def _unwrapped(model: Callable) -> Callable:
+    """The user's module inside DDP's wrapper or torch.compile's."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model
+
+
+def logits_of(output: Any) -> Any:
+    """The predictions in a model's output: a tensor itself, ``.logits`` /
+    ``["logits"]`` of a dict or ModelOutput, else the first element of a tuple or
+    namedtuple; None when the output holds no tensor to take."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        value = output.get("logits")
+        if value is None:
+            value = next((v for k, v in output.items() if k != "loss" and isinstance(v, torch.Tensor)), None)
+        return value
+    if isinstance(output, (list, tuple)) and output:
+        return output[0]
+    return getattr(output, "logits", None)
+
+
+def loss_of(output: Any) -> Optional[torch.Tensor]:
+    """The loss a model computed itself (``.loss`` / ``["loss"]``), or None."""
+    if isinstance(output, Mapping):
+        value = output.get("loss")
+    else:
+        value = getattr(output, "loss", None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def labels_of(inputs: Any) -> Optional[torch.Tensor]:
+    """The ``labels`` a dict batch hands the model (from which it computes its own loss)."""
+    if isinstance(inputs, Mapping) and isinstance(inputs.get("labels"), torch.Tensor):
+        return inputs["labels"]
+    return None

@@ -1,0 +1,114 @@
+"""The built-in tasks: regression (mean squared error), classification (cross-entropy,
+accuracy) and lm (next-token cross-entropy, perplexity; label -100 ignored). Each takes
+the predictions from the model's output (a tensor, ``.logits``, or a tuple's first
+element). Runs on workers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ray_ddp.errors import BatchError
+from ray_ddp.tasks.batches import batch_rows, logits_of
+from ray_ddp.tasks.targets import match_class_target, match_regression_target
+
+IGNORE_INDEX = -100  # a label that counts for nothing (padding), as in PyTorch and Hugging Face
+
+
+class Task:
+    """Regression: mean squared error over each row's targets, summed over rows."""
+
+    name = "regression"
+    units_per_row = 1  # how many loss units one row holds (a language model: its tokens)
+    metric: Optional[str] = None  # the metric beside the loss: accuracy, perplexity
+    # whether a step's units differ from batch to batch (masked labels): the loop then
+    # counts them across the ranks before the backward
+    variable_units = False
+
+    def match_target(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The target as the loss pairs it with ``output``; TargetShapeError if it cannot."""
+        return match_regression_target(output, target)
+
+    def predictions(self, output: Any) -> torch.Tensor:
+        logits = logits_of(output)
+        if not isinstance(logits, torch.Tensor):
+            raise BatchError(f"the model returned {type(output).__name__} with no logits (and no loss "
+                             f"of its own) for the {self.name} task: return a tensor, .logits or a loss")
+        return logits.float()
+
+    def count_units(self, inputs: Any, target: Any) -> float:
+        """The units a micro-batch holds, from the host copy of its batch."""
+        return float(batch_rows(target))
+
+    def sums(self, output: Any, target: torch.Tensor, inputs: Any = None) -> dict[str, torch.Tensor]:
+        out = self.predictions(output)
+        squared = (out - self.match_target(out, target).float()).pow(2)
+        per_row = squared.flatten(1).mean(dim=1) if squared.dim() > 1 else squared
+        return {"loss": per_row.sum(), "units": float(len(out))}
+
+    def metrics(self, totals: dict[str, float]) -> dict[str, Optional[float]]:
+        """Means from the sums: loss per unit, and the task's metric."""
+        return {"loss": totals["loss"] / totals["units"] if totals["units"] else float("nan")}
+
+
+class ClassificationTask(Task):
+    """Cross-entropy over integer class labels; also counts correct predictions."""
+
+    name = "classification"
+    metric = "accuracy"
+
+    def match_target(self, output, target):
+        return match_class_target(output, target)
+
+    def sums(self, output, target, inputs=None):
+        out = self.predictions(output)
+        target = self.match_target(out, target)
+        labels = target.argmax(dim=-1) if target.is_floating_point() else target
+        return {"loss": F.cross_entropy(out, target, reduction="sum"), "units": float(len(out)),
+                "correct": (out.argmax(dim=-1) == labels).sum().float()}
+
+    def metrics(self, totals):
+        out = super().metrics(totals)
+        out["accuracy"] = totals["correct"] / totals["units"] if totals["units"] else float("nan")
+        return out
+
+
+class LanguageModelTask(Task):
+    """Next-token cross-entropy: output (rows, T, vocab) against targets (rows, T), the
+    inputs shifted by one token; the loss is per token, and a target of -100 (padding)
+    counts for nothing, in the loss and in the units."""
+
+    name = "lm"
+    metric = "perplexity"
+    variable_units = True
+
+    def __init__(self, seq_len: int):
+        self.units_per_row = seq_len
+
+    def match_target(self, output, target):
+        from ray_ddp.errors import TargetShapeError
+        from ray_ddp.tasks.targets import _shapes
+
+        if target.shape != output.shape[:-1] or target.is_floating_point():
+            raise TargetShapeError(f"{_shapes(output, target)}; a language model needs integer "
+                                   "token targets of the output's shape without its vocabulary")
+        return target
+
+    def count_units(self, inputs, target):
+        return float((target != IGNORE_INDEX).sum())
+
+    def sums(self, output, target, inputs=None):
+        out = self.predictions(output)
+        target = self.match_target(out, target)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1), reduction="sum",
+                               ignore_index=IGNORE_INDEX)
+        # a tensor, summed on the device: a Python number would wait for the GPU every step
+        return {"loss": loss, "units": (target != IGNORE_INDEX).sum().float()}
+
+    def metrics(self, totals):
+        out = super().metrics(totals)
+        out["perplexity"] = math.exp(min(out["loss"], 700.0)) if totals["units"] else float("nan")
+        return out

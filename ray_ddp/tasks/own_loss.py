@@ -1,0 +1,96 @@
+"""Losses that are not the task's own: a model's (a Hugging Face model given ``labels``
+computes its loss and returns it in ``.loss``) and a user's (``--loss`` / ``loss=``).
+Either is a mean over the micro-batch's units; times those units it is the sum the loop
+needs, so the result over ranks and accumulation steps stays the exact global mean.
+Metrics (accuracy, perplexity) still come from the logits and the task. Runs on
+workers."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ray_ddp.errors import BatchError
+from ray_ddp.tasks.batches import batch_rows, labels_of, logits_of, loss_of
+from ray_ddp.tasks.builtin import IGNORE_INDEX, Task
+
+# Hugging Face loss types whose mean is over label tokens, not rows; causal ones predict
+# the next token, so their labels are shifted by one inside the loss
+_SHIFTED = ("ForCausalLM", "ForConditionalGeneration")
+_PER_TOKEN = ("ForMaskedLM", "ForTokenClassification")
+
+
+class ModelLossTask(Task):
+    """The model's own loss, weighted by the units it is a mean over (``loss_type`` says
+    which: label tokens that are not -100, shifted by one for a causal LM; rows
+    otherwise)."""
+
+    def __init__(self, base: Task, loss_type: str | None):
+        self.base, self.loss_type = base, loss_type
+        self.name, self.metric, self.units_per_row = base.name, base.metric, base.units_per_row
+        self.variable_units = loss_type in _SHIFTED + _PER_TOKEN
+
+    def count_units(self, inputs: Any, target: Any) -> float:
+        return float(self._units(inputs, target))
+
+    def _units(self, inputs: Any, target: Any):
+        labels = labels_of(inputs)
+        if labels is None or not self.variable_units:
+            return float(batch_rows(target if labels is None else labels))
+        if self.loss_type in _SHIFTED:
+            labels = labels[..., 1:]
+        return (labels != IGNORE_INDEX).sum().float()
+
+    def sums(self, output: Any, target: Any, inputs: Any = None) -> dict[str, torch.Tensor]:
+        loss = loss_of(output)
+        if loss is None:
+            raise BatchError("the batch hands the model labels, but its output has no loss: return "
+                             "one in .loss (or drop 'labels' from the batch and let the task compute it)")
+        units = self._units(inputs, target)
+        if batch_rows(target) == 0:  # no rows: a mean over nothing is NaN, and counts for nothing
+            return {"loss": _zero_like_graph(output), "units": 0.0}
+        sums = {"loss": loss.float() * units, "units": units}
+        logits = logits_of(output)
+        if self.metric == "accuracy" and isinstance(logits, torch.Tensor):
+            labels = labels_of(inputs) if labels_of(inputs) is not None else target
+            sums["correct"] = (logits.argmax(dim=-1) == labels).sum().float()
+        return sums
+
+    def metrics(self, totals):
+        return self.base.metrics(totals)
+
+
+class UserLossTask(Task):
+    """A user's ``loss(output, target) -> scalar``, the mean over the batch's rows (as
+    PyTorch's losses are by default): times the rows, it is the sum the loop needs. An
+    empty micro-batch adds nothing (a mean over no rows would be NaN)."""
+
+    def __init__(self, fn: Callable, base: Task):
+        self.fn, self.base = fn, base
+        self.name, self.units_per_row, self.metric = base.name, 1, base.metric
+
+    def sums(self, output, target, inputs=None):
+        rows = batch_rows(target)
+        if rows == 0:
+            return {"loss": _zero_like_graph(output), "units": 0.0}
+        loss = self.fn(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise TypeError(f"the loss function must return a scalar tensor, got "
+                            f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+        sums = {"loss": loss.float() * rows, "units": float(rows)}
+        logits = logits_of(output)
+        if self.metric == "accuracy" and isinstance(logits, torch.Tensor):  # the task's metric still counts
+            sums["correct"] = (logits.argmax(dim=-1) == target).sum().float()
+        return sums
+
+    def metrics(self, totals):
+        return self.base.metrics(totals)
+
+
+def _zero_like_graph(output: Any) -> torch.Tensor:
+    """0, still connected to the model's outputs, so DDP's hooks fire on an empty batch."""
+    from torch.utils._pytree import tree_leaves
+
+    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return sum(t.float().sum() * 0.0 for t in leaves)

@@ -1,0 +1,168 @@
+"""Models as the field writes them, without Ray: the calling convention (a dict batch as
+keyword arguments), outputs of every shape, a model's own loss weighted by its units,
+-100 padding, the padding collate, --init-from, hf:DIR, and the one-line refusals."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.data.collate import pad_sequences
+from ray_ddp.data.plan import inspect_data
+from ray_ddp.errors import BatchError, ConfigError
+from ray_ddp.models.build import check_model
+from ray_ddp.models.init import apply_init_weights, read_init_weights
+from ray_ddp.tasks.batches import forward, logits_of, loss_of
+from ray_ddp.tasks.build import build_task
+
+transformers = pytest.importorskip("transformers")
+HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
+sys.path.insert(0, HELPERS)
+
+
+class Keywords(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, input_ids, attention_mask=None):
+        h = self.emb(input_ids)
+        return h * attention_mask[..., None] if attention_mask is not None else h
+
+
+class Whole(nn.Module):
+    def forward(self, batch):
+        return batch["x"] * 2
+
+
+class TwoArgs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Linear(3, 3)
+
+    def forward(self, a, b):
+        return self.w(a + b)
+
+
+def test_a_dict_goes_as_keywords_when_the_forward_names_its_keys_else_whole():
+    batch = {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[1, 0]])}
+    out = forward(Keywords(), batch)
+    assert out.shape == (1, 2, 4) and out[0, 1].abs().sum() == 0  # the mask reached the forward
+    assert torch.equal(forward(Whole(), {"x": torch.ones(2)}), torch.full((2,), 2.0))
+    with pytest.raises(BatchError, match="takes a, b"):
+        forward(TwoArgs(), {"input_ids": torch.ones(1)})
+
+
+def test_logits_and_loss_come_from_every_kind_of_output():
+    t = torch.randn(2, 3)
+    Out = collections.namedtuple("Out", "logits hidden")
+    hf = transformers.modeling_outputs.SequenceClassifierOutput(loss=torch.tensor(1.5), logits=t)
+    for output in (t, (t, None), Out(t, None), {"logits": t}, hf):
+        assert logits_of(output) is t
+    assert loss_of(hf).item() == 1.5 and loss_of({"logits": t}) is None and loss_of(t) is None
+    task = build_task("classification")
+    assert task.sums(hf, torch.tensor([0, 1]))["units"] == 2.0  # the logits of a ModelOutput
+
+
+def test_the_lm_task_ignores_minus_100_in_the_loss_and_the_units():
+    logits = torch.randn(1, 4, 5)
+    target = torch.tensor([[1, 2, -100, -100]])
+    sums = build_task("lm", 4).sums(logits, target)
+    expected = nn.functional.cross_entropy(logits[0, :2], target[0, :2], reduction="sum")
+    assert sums["loss"].item() == pytest.approx(expected.item()) and float(sums["units"]) == 2.0
+
+
+def test_a_causal_lms_own_loss_is_weighted_by_its_shifted_label_tokens():
+    from hf_data import gpt2
+
+    model = gpt2(1)
+    x, y = pad_sequences([({"input_ids": torch.arange(6), "labels": torch.arange(6)}, torch.arange(6)),
+                          ({"input_ids": torch.arange(3), "labels": torch.arange(3)}, torch.arange(3))])
+    task = build_task("lm", 6, model=model, model_loss=True)
+    assert task.variable_units and task.count_units(x, y) == (6 - 1) + (3 - 1)
+    out = forward(model, x)
+    sums = task.sums(out, y, x)
+    assert sums["loss"].item() == pytest.approx(out.loss.item() * 7, rel=1e-6)
+
+
+def test_a_sequence_classifiers_own_loss_is_a_mean_over_rows():
+    from hf_data import bert
+
+    task = build_task("classification", model=bert(), model_loss=True)
+    x = {"input_ids": torch.ones(3, 5, dtype=torch.long), "labels": torch.tensor([0, 1, 2])}
+    assert not task.variable_units and task.count_units(x, torch.tensor([0, 1, 2])) == 3.0
+
+
+def test_pad_sequences_pads_ids_masks_and_labels():
+    x, y = pad_sequences([({"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([5, 6, 7])},
+                           torch.tensor([5, 6, 7])),
+                          ({"input_ids": torch.tensor([8]), "labels": torch.tensor([8])}, torch.tensor([8]))])
+    assert x["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert x["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert x["labels"].tolist() == [[5, 6, 7], [8, -100, -100]] and y.tolist() == x["labels"].tolist()
+    _, labels = pad_sequences([(torch.tensor([1, 2]), torch.tensor(1)), (torch.tensor([3]), torch.tensor(0))])
+    assert labels.tolist() == [1, 0]
+
+
+def test_init_from_loads_matching_keys_and_names_the_rest(tmp_path):
+    from hf_data import gpt2
+
+    trained = gpt2(1)
+    with torch.no_grad():
+        trained.transformer.wte.weight.add_(1.0)
+    trained.save_pretrained(str(tmp_path / "hf"))  # drops the tied lm_head: not "missing"
+    fresh = gpt2(1)
+    apply_init_weights(fresh, read_init_weights(str(tmp_path / "hf")), True, "hf")
+    assert torch.equal(fresh.transformer.wte.weight, trained.transformer.wte.weight)
+    torch.save({"head.weight": torch.zeros(2, 2)}, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match=r"does not fit the model: .*missing: transformer\..*unexpected: "
+                                          r"head.weight.*--init-strict false"):
+        apply_init_weights(gpt2(1), read_init_weights(str(tmp_path / "other.pt")), True, "other.pt")
+    apply_init_weights(gpt2(1), read_init_weights(str(tmp_path / "other.pt")), False, "other.pt")
+    (tmp_path / "notes.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ConfigError, match="not a state_dict that loads with weights_only=True"):
+        read_init_weights(str(tmp_path / "notes.pt"))
+
+
+def test_the_driver_refuses_what_no_task_can_use(tmp_path):
+    class Keyed(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.ones(3, dtype=torch.long)}, torch.tensor(0)
+
+    cfg = TrainConfig(storage=str(tmp_path), model="python:m").validate()
+    with pytest.raises(ConfigError, match="takes a, b"):
+        check_model(cfg, TwoArgs, inspect_data(cfg, Keyed()).example)
+
+    class NoLogits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return {"hidden": None}
+
+    with pytest.raises(ConfigError, match="no logits and no loss"):
+        check_model(cfg, NoLogits, inspect_data(cfg, TensorDataset(torch.randn(8, 3), torch.randn(8, 2))).example)
+
+
+def test_hf_dir_without_config_json_is_one_line_and_without_transformers_names_the_extra(tmp_path):
+    (tmp_path / "empty").mkdir()
+    code = ("import sys; from ray_ddp.cli.main import main; "
+            f"sys.exit(main(['train', '--model', 'hf:{tmp_path / 'empty'}', '--storage', '{tmp_path}/runs']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "has no config.json" in proc.stderr and "Traceback" not in proc.stderr
+    blocked = "import sys; sys.modules['transformers'] = None; " + code.split("; ", 1)[1]
+    proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "pip install 'ray_ddp[hf]'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
