@@ -112,6 +112,14 @@ BENCHES: dict[str, Bench] = {
         ("fsdp peak MB/rank", "peak_mb.fsdp", "n0"), ("fsdp x ddp peak", "peak_ratio", "r3"),
         ("paired peak", "paired_peak_ratio", "r3"), ("ddp samples/s", "samples_per_s.ddp", "n0"),
         ("fsdp samples/s", "samples_per_s.fsdp", "n0"), ("paired samples/s", "paired_samples_ratio", "r3")])]),
+    "activation_memory": Bench("python benchmarks/activation_memory.py --rounds 3", [Table(columns=[
+        ("parameters", "parameters", "M"), ("device", "device", "str"),
+        ("saved MB off", "saved_mb.off", "n1"), ("saved MB on", "saved_mb.on", "n1"),
+        ("on x off saved", "saved_ratio", "r3"), ("recompute MB", "recompute_mb", "n1"),
+        ("GPU peak MB off", "gpu_peak_mb.off", "n0"), ("GPU peak MB on", "gpu_peak_mb.on", "n0"),
+        ("paired GPU peak", "paired_gpu_peak_ratio", "r3"), ("step ms off", "step_ms.off", "n1"),
+        ("step ms on", "step_ms.on", "n1"), ("paired step time", "paired_time_ratio", "r3"),
+        ("paired per round", "paired_time_ratio_all", "r3list")])]),
     "gpt_tokens": Bench("python benchmarks/gpt_tokens.py --rounds 3", [Table(columns=[
         ("torchrun tokens/s", "tokens_per_s.torchrun", "n0"), ("ray-ddp tokens/s", "tokens_per_s.ray-ddp", "n0"),
         ("x torchrun", "ratio", "r3"), ("paired", "paired_ratio", "r3"),

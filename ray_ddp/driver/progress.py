@@ -4,8 +4,8 @@ Runs on the driver, in a thread that polls ``progress.json``, which the metrics 
 rewrites in the Ray Train controller after every report. On a terminal it draws a tqdm
 bar (epoch/step, loss, samples/s, ETA); when stdout is not a terminal (job logs, CI,
 pipes) it prints one plain line per report it sees; ``--quiet`` shows neither. Straggler
-warnings (decided in the callback, which sees every report) and preemption checkpoints
-are printed either way.
+warnings (decided in the callback, which sees every report), preemption checkpoints and
+an early stop are printed either way.
 
 """
 
@@ -46,6 +46,14 @@ def format_preemption(e: dict[str, Any]) -> str:
     nodes = ", ".join(n[:12] for n in e["node_id"].split(","))
     return (f"node {nodes} is being preempted (deadline in {max(0.0, e['deadline_in_s']):.0f} s): "
             f"checkpoint {e['checkpoint']} saved")
+
+
+def format_early_stop(e: dict[str, Any]) -> str:
+    """--early-stop's one line, from progress.json's ``early_stop``."""
+    best = f"best {e['best']:.4f} at epoch {e['best_epoch']}" if e.get("best") is not None else "no best yet"
+    times = f"{e['stale']} validation" + ("" if e["stale"] == 1 else "s")
+    return (f"early stop: val_loss {e['val_loss']:.4f} has not improved for {times} ({best}); "
+            f"stopped after epoch {e['epoch']} of {e['epochs']}")
 
 
 class _Bar:
@@ -116,6 +124,8 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
             bar.show(p)
         else:
             echo(format_progress(p))
+        if p.get("early_stop"):  # the run's last report: after its progress line
+            (bar.write if bar else echo)(format_early_stop(p["early_stop"]))
 
     def poll() -> None:
         while not stop.wait(every_s):

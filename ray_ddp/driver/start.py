@@ -1,5 +1,6 @@
 """Where a run starts: the newest whole checkpoint, whether this command may resume
-from it, and whether anything is left to train. Runs on the driver.
+from it, and whether anything is left to train (its epochs all done, or --early-stop
+ended it there). Runs on the driver.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.storage import StorageConfig
+from ray_ddp.storage import METRICS_FILE, StorageConfig, read_table
 
 
 # Fields of the checkpoint's config that must match for a resume to load the weights.
@@ -41,7 +42,28 @@ def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callabl
             echo(f"run {cfg.name} is already complete ({scan.meta['epoch']}/{cfg.epochs} epochs); "
                  "nothing to do (raise --epochs to train further)")
             complete = True
+        elif ended_by_early_stop(cfg, store, scan.meta):
+            saved = scan.meta["config"]["early_stop"]
+            echo(f"run {cfg.name} is already complete: --early-stop {saved} ended it after epoch "
+                 f"{scan.meta['epoch']} of {cfg.epochs}; nothing to do (give a larger --early-stop "
+                 "to train further)")
+            complete = True
     return StartState(scan, resumed_from, complete)
+
+
+def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, Any]) -> bool:
+    """Whether --early-stop ended the run at this checkpoint, so that this command has
+    nothing left to do: the metrics row of the checkpoint's step says so
+    (``early_stopped``; the table is rewritten with each checkpoint, so it holds that
+    row), and this command does not give a larger --early-stop (which would resume and
+    count on, from the validations so far: worker/validate.py)."""
+    saved = meta.get("config", {}).get("early_stop")
+    if not saved or meta.get("epoch_step", 0) or (cfg.early_stop is not None and cfg.early_stop > saved):
+        return False
+    from ray_ddp.observe.summarize import early_stop_row
+
+    table = read_table(store.fs, f"{store.run_path(cfg.name)}/{METRICS_FILE}")
+    return early_stop_row(table, meta["step"]) is not None
 
 
 def check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:

@@ -46,6 +46,9 @@ class RunSummary:
     world_sizes: Optional[list[dict[str, int]]] = None
     # checkpoints saved on a node's preemption notice: [{"node_id", "step", "checkpoint", ...}]
     preemptions: Optional[list[dict[str, Any]]] = None
+    # --early-stop ended the run (its latest checkpoint), after epoch early_stop_epoch
+    early_stopped: bool = False
+    early_stop_epoch: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,7 +101,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
                    resumed_from: Optional[str], started: float,
                    marks: Optional[dict[str, float]] = None,
                    resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
-    from ray_ddp.observe.summarize import preemption_checkpoints, summarize_metrics, world_stretches
+    from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
 
     run_path = store.run_path(cfg.name)
     run_uri = join_uri(store.uri, cfg.name)
@@ -113,6 +116,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
     has_rows = table is not None and table.num_rows > 0
     stats = summarize_metrics(table, resumed_step) if has_rows else {}
     stretches = world_stretches(table) if has_rows else []
+    stopped = early_stop_row(table, meta["step"]) if has_rows and scan.latest else None
     summary = RunSummary(
         run=cfg.name,
         path=run_uri,
@@ -135,6 +139,8 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         wall_time_s=round(time.time() - started, 3),
         startup_s=describe_startup(marks, table) if marks and table is not None else None,
         task=cfg.task or "regression",
+        early_stopped=stopped is not None,
+        early_stop_epoch=int(stopped["epoch"]) if stopped else None,
         **validation,
     )
     write_json(store.fs, f"{run_path}/{SUMMARY_FILE}", summary.to_dict())

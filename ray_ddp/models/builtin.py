@@ -1,12 +1,14 @@
 """The built-in models: the PyTorch DDP tutorial's ToyModel and its two-stage
-ToyMpModel, an MLP, and a small GPT. Each declares its own FSDP units. Runs on the
-driver (on the meta device) and on workers.
+ToyMpModel, an MLP, and a small GPT. Each declares its own FSDP units; the GPT can also
+recompute its blocks in backward (``--activation-checkpointing``). Runs on the driver
+(on the meta device) and on workers.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class ToyModel(nn.Module):
@@ -86,6 +88,9 @@ class GPT(nn.Module):
         self.ln = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
         self.head.weight = self.tokens.weight  # weight tying
+        # a plain attribute, not a buffer: the state_dict keys stay as they were, so
+        # checkpoints load whether it is on or off
+        self.activation_checkpointing = False
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
@@ -96,9 +101,18 @@ class GPT(nn.Module):
         """What FSDP shards as one unit each: the transformer blocks."""
         return list(self.blocks)
 
+    def set_activation_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each block's activations in backward instead of keeping them: the
+        forward keeps only each block's input (less memory, one more block forward)."""
+        self.activation_checkpointing = enabled
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.tokens(ids) + self.positions(positions)
+        # only when a backward will come: validation (no_grad) and eval() keep nothing anyway
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x)
+            # use_reentrant=False: the form PyTorch recommends; it works with DDP's hooks,
+            # FSDP2's per-block all-gathers and inputs that need no grad
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         return self.head(self.ln(x))

@@ -63,7 +63,7 @@ class MetricsCallback(UserCallback):
         if self.tensorboard:
             for window in windows:
                 self._write_tensorboard(store.path_on_disk(self.name), window)
-            if progress["step"] >= self.total_steps:
+            if progress["step"] >= self.total_steps or progress.get("early_stop"):
                 self._close_tensorboard()
         if checkpoint is not None:
             write_table(store.fs, f"{run_path}/{METRICS_FILE}",

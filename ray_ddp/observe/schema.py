@@ -13,7 +13,7 @@ import pyarrow as pa
 COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time", "busy_s",
            "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash", "max_rss_mb",
            "gpu_max_mb", "started_at", "first_step_at", "accuracy", "perplexity", "preempted_node",
-           "preemption_deadline", "units")
+           "preemption_deadline", "units", "early_stopped")
 
 
 SCHEMA = pa.schema([
@@ -30,6 +30,9 @@ SCHEMA = pa.schema([
     # the loss's units in the window (rows; tokens for a language model): the weight of
     # this rank's loss in a mean over ranks
     ("units", pa.float64()),
+    # on an epoch end's validation row with --early-stop: whether it ended the run (empty
+    # on other rows and without --early-stop)
+    ("early_stopped", pa.bool_()),
 ])
 
 

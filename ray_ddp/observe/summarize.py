@@ -1,6 +1,6 @@
 """A report and a finished metrics table, as the driver shows them: the loss, the
-throughputs, the world-size stretches, the preemptions. Runs in the controller and on
-the driver.
+throughputs, the world-size stretches, the preemptions, an early stop. Runs in the
+controller and on the driver.
 """
 
 from __future__ import annotations
@@ -57,7 +57,28 @@ def summarize_report(metrics: list[dict[str, Any]], epochs: int, total_steps: in
         "world_size": len(metrics),
         "checkpoint": checkpoint,
         "time": time.time(),
+        **({"early_stop": describe_early_stop(first, epochs)} if first.get("early_stopped") else {}),
     }
+
+
+def describe_early_stop(row: dict[str, Any], epochs: int) -> dict[str, Any]:
+    """The report that --early-stop ended the run with, as progress.json shows it (the
+    driver's line): the last val_loss, the validations in a row that did not lower it,
+    the best and the epoch it came at, the epoch the run stopped after."""
+    return {"val_loss": row["val_loss"], "stale": row.get("early_stop_stale"),
+            "best": row.get("early_stop_best"), "best_epoch": row.get("early_stop_best_epoch"),
+            "epoch": int(row["epoch"]), "epochs": epochs}
+
+
+def early_stop_row(table: Optional[pa.Table], step: int) -> Optional[dict[str, Any]]:
+    """Rank 0's metrics row at global step ``step`` if --early-stop ended the run there
+    (``early_stopped``), else None; a table written before that column has none."""
+    if table is None or "early_stopped" not in table.column_names:
+        return None
+    for row in table.select(["epoch", "step", "rank", "early_stopped"]).to_pylist():
+        if row["step"] == step and row["rank"] == 0 and row["early_stopped"]:
+            return row
+    return None
 
 
 def summarize_metrics(table: pa.Table, after_step: int = 0) -> dict[str, Any]:

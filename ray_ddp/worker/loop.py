@@ -5,9 +5,10 @@ devices. ``train_loop_per_worker`` reads the driver's WorkerPlan, builds the par
 (``worker/parts.py``: the model set up by the strategy, the checkpoint loaded) and runs
 ``WorkerRun.train``, which reads like nanoGPT's loop: each step is ``train_step``; after
 it, each component decides whether it is time: the metrics window (every
-``--report-every`` steps and at an epoch's end), validation, the checkpoint, a node's
-preemption. Every rank calls ``ray.train.report`` at exactly the same steps: report()
-is a barrier. The loop never branches on DDP versus FSDP: it calls the strategy.
+``--report-every`` steps and at an epoch's end), validation (with ``--early-stop``, also
+whether the run ends after this epoch), the checkpoint, a node's preemption. Every rank
+calls ``ray.train.report`` at exactly the same steps: report() is a barrier. The loop
+never branches on DDP versus FSDP: it calls the strategy.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from ray_ddp.errors import UnusedParametersError
 from ray_ddp.models.build import load_callable
 from ray_ddp.parallel.build import build_strategy
 from ray_ddp.plan import WorkerPlan
-from ray_ddp.tasks import Task, build_task
+from ray_ddp.tasks.builtin import Task
+from ray_ddp.tasks.build import build_task
 from ray_ddp.worker.checks import raise_if_not_finite, weights_are_finite
 from ray_ddp.worker.devices import worker_devices
 from ray_ddp.worker.parts import TrainParts, build_parts
@@ -58,7 +60,8 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
     else:  # a new run, or another world size: independent dropout-like noise per rank
         torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
     loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
-    task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn)
+    task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
+                      model_loss=plan.model_loss)
     source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects)
     run = WorkerRun(cfg, rank, world_size, parts, task, source, val_set, state, plan.total_steps,
                     {"loaded_hash": loaded_hash, "started_at": started_at})
@@ -88,15 +91,18 @@ class WorkerRun:
         self.reporter = Reporter(rank, world_size, cfg.report_interval, collective,
                                  parts.strategy.checkpoint_writer(ray.train.get_context().get_storage(), rank))
         self.validator = Validator(cfg, val_set, task, parts, rank, world_size, collective)
+        self.validator.resume_early_stop(state.step)  # --early-stop's count survives a resume
         self.preemptions = PreemptionState()
         self.window = WindowState.start(device, parts.devices[-1])
 
     def train(self) -> None:
         cfg, state = self.cfg, self.state
         for epoch in range(state.epoch, cfg.epochs):
+            if self.validator.stopped:  # --early-stop, after that epoch's report (or resumed there)
+                break
             for i in range(state.epoch_step, cfg.steps_per_epoch):  # >0 only on mid-epoch resume
                 train_step(self.parts, self.task, self.source, self.window, epoch, i, cfg.grad_accum,
-                           cfg.clip_grad)
+                           cfg.clip_grad, self.reporter.collective_device)
                 state.step += 1
                 state.epoch_step += 1
                 self._note_first_step()
@@ -110,9 +116,11 @@ class WorkerRun:
         self.parts.strategy.sync_buffers(self.parts.model, self.reporter.collective_device)
         evaluated = None
         if self.validator.should_validate(epoch + 1):
-            evaluated = self.validator.validate()
+            evaluated = self.validator.validate(epoch + 1)
             self.window.started += evaluated["val_time_s"]  # left out of the training window
-        self._close_window(epoch, save=should_save(self.cfg, epoch + 1), epoch_end=True, evaluated=evaluated)
+        # an early stop is the run's end: its epoch always checkpoints, whatever --checkpoint-every
+        self._close_window(epoch, save=should_save(self.cfg, epoch + 1) or self.validator.stopped,
+                           epoch_end=True, evaluated=evaluated)
 
     def _note_first_step(self) -> None:
         if self.first_report is not None and "first_step_at" not in self.first_report:
@@ -149,10 +157,11 @@ class WorkerRun:
         self.reporter.add(row)
         if save:
             self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict(),
-                                               final=is_final_save(self.cfg, epoch, epoch_end))
+                                               final=is_final_save(self.cfg, epoch, epoch_end,
+                                                                   self.validator.stopped))
         elif due:
             self.reporter.send()
-        if notice is not None and self.state.step < self.total_steps:
+        if notice is not None and self.state.step < self.total_steps and not self.validator.stopped:
             wait_for_restart(notice["preemption_deadline"])
         self.window = WindowState.start(self.parts.devices[0], self.parts.devices[-1],
                                         at=time.perf_counter() if notice else now)
@@ -169,8 +178,8 @@ def should_save(cfg, epoch_done: int) -> bool:
     return epoch_done % cfg.checkpoint_every == 0 or epoch_done == cfg.epochs
 
 
-def is_final_save(cfg, epoch: int, epoch_end: bool) -> bool:
+def is_final_save(cfg, epoch: int, epoch_end: bool, early_stopped: bool = False) -> bool:
     """Whether a checkpoint also writes the whole model (FSDP: gathered from every rank):
-    only at the last epoch's end, never on a preemption checkpoint within the last epoch,
-    whose deadline is running."""
-    return epoch_end and epoch + 1 == cfg.epochs and not cfg.skip_final_model
+    only at the last epoch's end (or the epoch --early-stop ends the run at), never on a
+    preemption checkpoint within the last epoch, whose deadline is running."""
+    return epoch_end and (epoch + 1 == cfg.epochs or early_stopped) and not cfg.skip_final_model

@@ -206,6 +206,13 @@ def fake_fsdp_memory(mod, monkeypatch):
     return lambda out: mod.main(["--rounds", "2", "--results-dir", out]), 2
 
 
+def fake_activation_memory(mod, monkeypatch):
+    monkeypatch.setattr(mod, "measure_arm", lambda arm, args: {
+        "saved_mb": 40.0 if arm == "off" else 9.0, "recompute_mb": 8.0 if arm == "off" else None,
+        "gpu_peak_mb": None, "step_ms": 100.0 if arm == "off" else 128.0})
+    return lambda out: mod.main(["--rounds", "2", "--device", "cpu", "--results-dir", out]), 2
+
+
 def fake_gpt_tokens(mod, monkeypatch):
     monkeypatch.setattr(mod, "run_arm", lambda arm, args, data: 1000.0 if arm == "torchrun" else 990.0)
     return lambda out: argv_main(monkeypatch, mod, [
