@@ -120,6 +120,12 @@ BENCHES: dict[str, Bench] = {
         ("paired GPU peak", "paired_gpu_peak_ratio", "r3"), ("step ms off", "step_ms.off", "n1"),
         ("step ms on", "step_ms.on", "n1"), ("paired step time", "paired_time_ratio", "r3"),
         ("paired per round", "paired_time_ratio_all", "r3list")])]),
+    "zero_grad": Bench("python benchmarks/zero_grad.py --rounds 5", [Table(columns=[
+        ("setup", "setup", "str"), ("step ms set_to_none", "step_ms.set_to_none", "n2"),
+        ("step ms in place", "step_ms.in_place", "n2"), ("paired in place x set_to_none", "paired_ratio", "r3"),
+        ("paired per round", "paired_ratio_all", "r3list"),
+        ("grad addresses set_to_none", "grad_addresses_over_3_steps.set_to_none", "str"),
+        ("grad addresses in place", "grad_addresses_over_3_steps.in_place", "str")])]),
     "gpt_tokens": Bench("python benchmarks/gpt_tokens.py --rounds 3", [Table(columns=[
         ("torchrun tokens/s", "tokens_per_s.torchrun", "n0"), ("ray-ddp tokens/s", "tokens_per_s.ray-ddp", "n0"),
         ("x torchrun", "ratio", "r3"), ("paired", "paired_ratio", "r3"),

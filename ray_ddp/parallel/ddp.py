@@ -24,12 +24,6 @@ class DDPStrategy(Strategy):
     def no_backward_sync(self, wrapped: nn.Module, sync: bool):
         return no_context() if sync else wrapped.no_sync()
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        """Gradients that are views into DDP's buckets are zeroed in place: set to None,
-        they are reallocated every step and the bucket view saves nothing (as torch's
-        docstring of gradient_as_bucket_view says)."""
-        optimizer.zero_grad(set_to_none=self.cfg.plain_ddp)
-
     def checkpoint_writer(self, storage, rank: int) -> Optional[CheckpointWriter]:
         if rank != 0:
             return None  # rank 0 saves the whole state

@@ -45,6 +45,9 @@ class Strategy:
         raise NotImplementedError
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Gradients set to None. Under DDP's gradient_as_bucket_view the next backward puts
+        each one back into its bucket (the same memory every step), so zeroing in place
+        would only add a write of every gradient (benchmarks/zero_grad.py measures both)."""
         optimizer.zero_grad(set_to_none=True)
 
     def autocast_dtype(self) -> Optional[torch.dtype]:

@@ -213,6 +213,11 @@ def fake_activation_memory(mod, monkeypatch):
     return lambda out: mod.main(["--rounds", "2", "--device", "cpu", "--results-dir", out]), 2
 
 
+def fake_zero_grad(mod, monkeypatch):  # no Ray: the real thing, tiny
+    return lambda out: argv_main(monkeypatch, mod, ["--width", "16", "--depth", "1", "--steps", "2",
+                                                    "--rounds", "2", "--results-dir", out]), 2
+
+
 def fake_gpt_tokens(mod, monkeypatch):
     monkeypatch.setattr(mod, "run_arm", lambda arm, args, data: 1000.0 if arm == "torchrun" else 990.0)
     return lambda out: argv_main(monkeypatch, mod, [
