@@ -6,6 +6,7 @@ Ray, place the workers, fit, summarize.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Any, Callable, Optional
@@ -17,6 +18,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
 from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
 from ray_ddp.driver.fit import fit_with_status
@@ -42,7 +44,8 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     given_batch = cfg.global_batch  # None: workers x batch x accum, once the workers are known
     cfg = fit_data_to(fit_batch_to(cfg, (worker_range(cfg.workers) or (1, 1))[1], given_batch),
                       data_shape)  # redone below for the world size the cluster gives
-    check_model(cfg, model, data_shape.example if data_shape is not None and loss is None else None)
+    check_model(cfg, model, data_shape.example if data_shape is not None and loss is None else None,
+                more_checks=[functools.partial(check_fsdp_wrap, cfg)] if cfg.strategy == "fsdp" else [])
     store = open_storage(cfg)
     start = find_start(cfg, store, data_shape, echo)
     init_from = cfg.init_from if start.resumed_from is None else None

@@ -75,7 +75,8 @@ def model_stages(name: str) -> int:
     return 2 if name == "toy-mp" else 1
 
 
-def check_model(cfg: TrainConfig, given: Any = None, example: Any = None) -> int:
+def check_model(cfg: TrainConfig, given: Any = None, example: Any = None,
+                more_checks: Sequence[Callable[[nn.Module], Any]] = ()) -> int:
     """Build the model on the meta device (a model object the Python API passed is looked
     at as it is) and refuse one DDP cannot train; with ``example`` (a batch of the data's
     first item), also one whose output the task cannot pair with the target.
@@ -91,10 +92,8 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None) -> int
     else:
         with meta:
             model = build_model(cfg, [meta, meta], given)
-    if cfg.strategy == "fsdp":
-        from ray_ddp.parallel.fsdp import check_fsdp_wrap
-
-        check_fsdp_wrap(cfg, model)
+    for check in more_checks:  # what the driver asks besides (the strategy's units)
+        check(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if trainable == 0:
         raise ConfigError(

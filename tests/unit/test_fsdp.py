@@ -11,7 +11,8 @@ from ray_ddp import ConfigError, TrainConfig
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, TrainState
 from ray_ddp.checkpoint.verify import verify_checkpoint, weights_hash
 from ray_ddp.checkpoint.export import export_model
-from ray_ddp.parallel.fsdp import check_fsdp_wrap, shard_model, shard_units
+from ray_ddp.parallel.fsdp import shard_model
+from ray_ddp.parallel.units import check_fsdp_wrap, shard_units
 from ray_ddp.data.inputs import ValSet
 from ray_ddp.models.builtin import GPT, build_mlp
 from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter, load_sharded_checkpoint, read_model_state

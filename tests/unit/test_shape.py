@@ -1,6 +1,7 @@
 """The package's shape, kept by a test: its imports, walked with ``ast``, have no cycle;
 the code that runs on workers (``worker/``, ``parallel/``) never reaches into the driver
 or the CLI; the driver, the cluster code and the CLI never import torch.distributed;
+models never import parallel/ (a model declares its FSDP units, as torchtitan's do);
 and no module is longer than a newcomer reads in one sitting."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ FORBIDDEN = {
     "driver": ("torch.distributed",),
     "cluster": ("torch.distributed",),
     "cli": ("torch.distributed",),
+    "models": ("ray_ddp.parallel",),  # a model declares its FSDP units; parallel/ reads them
 }
 
 
