@@ -4,6 +4,7 @@ batches of different lengths, then exported as a from_pretrained folder.
 
     pip install -e ".[hf]"
     python examples/hf_gpt2.py --workers 2 --epochs 3
+    python examples/hf_gpt2.py --epochs 1 --text-bytes 20000 --storage /tmp/runs   # a minute on a laptop
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--storage", default="~/ray_ddp_runs")
+    parser.add_argument("--text-bytes", type=int, default=400_000, help="bytes of text to train on")
     args = parser.parse_args()
     import pydoc_data.topics  # English text that ships with Python
 
@@ -56,8 +58,9 @@ def main() -> None:
     cfg = TrainConfig(workers=args.workers, epochs=args.epochs, batch_size=16, optimizer="adamw", lr=1e-3,
                       storage=args.storage, name="hf-gpt2-example",
                       collate="ray_ddp.data.collate:pad_sequences")
-    summary = ray_ddp.run(cfg, model=make_model, train_data=Bytes(text[:400_000], 0),
-                          val_data=Bytes(text[400_000:440_000], 1))
+    n = args.text_bytes
+    summary = ray_ddp.run(cfg, model=make_model, train_data=Bytes(text[:n], 0),
+                          val_data=Bytes(text[n:n + max(n // 10, 2_000)], 1))
     print(f"validation perplexity {summary.val_perplexity:.2f}; checkpoint {summary.checkpoint}")
     print(f"export it: ray-ddp export {summary.run} --storage {args.storage} --format hf --out ./gpt2-bytes")
 

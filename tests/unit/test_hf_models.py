@@ -166,3 +166,18 @@ def test_hf_dir_without_config_json_is_one_line_and_without_transformers_names_t
     proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "pip install 'ray_ddp[hf]'" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_hf_dir_and_init_from_read_a_folder_on_the_runs_storage_by_uri(tmp_path):
+    from hf_data import bert
+
+    from ray_ddp.models.hf import build_hf_model
+
+    saved = bert()
+    saved.save_pretrained(str(tmp_path / "bert"))
+    uri = f"file://{tmp_path / 'bert'}"
+    model = build_hf_model(f"hf:{uri}", torch.device("cpu"))
+    assert type(model).__name__ == "BertForSequenceClassification"
+    for key, value in saved.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert set(read_init_weights(uri)) <= set(saved.state_dict())
