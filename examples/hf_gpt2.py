@@ -42,7 +42,8 @@ class Bytes(Dataset):
 def make_model():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=128, n_layer=4, n_head=4))
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=128, n_layer=4, n_head=4,
+                                      bos_token_id=0, eos_token_id=0))
 
 
 def main() -> None:

@@ -47,7 +47,8 @@ def gpt2(n_layer: int = 2):
 
     torch.manual_seed(0)
     return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=n_layer,
-                                      n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+                                      n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      bos_token_id=0, eos_token_id=0))
 
 
 class Sentiment(Dataset):
