@@ -80,15 +80,12 @@ def test_export_hf_gives_a_folder_from_pretrained_loads(gpt2_run, storage, tmp_p
 def test_a_bert_classifier_learns_from_padded_dict_batches(ray_local, storage):
     from hf_data import bert, sentiment_train, sentiment_val
 
-    from ray_ddp.data.collate import pad_sequences
-
     cfg = TrainConfig(workers=2, epochs=6, batch_size=16, optimizer="adamw", lr=3e-3, report_every=10,
                       storage=str(storage), name="hf-bert", quiet=True,
                       collate="ray_ddp.data.collate:pad_sequences")
     summary = run(cfg, model=bert, train_data=sentiment_train(), val_data=sentiment_val())
     assert summary.task == "classification"
     assert summary.val_accuracy > 0.8, summary.val_accuracy  # chance is 1/3
-    assert callable(pad_sequences)
 
 
 def test_the_cli_trains_a_save_pretrained_folder_through_hf_dir(ray_local, tmp_path):
