@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_TRAINING_FAILED
     if not cfg.quiet and not summary.already_complete:
         print(f"done: {summary.epochs_completed}/{summary.epochs} epochs, final loss "
-              f"{fmt(summary.final_loss)}, {fmt(summary.samples_per_s, ',.0f')} samples/s in "
-              f"training windows, {fmt(summary.wall_samples_per_s, ',.0f')} samples/s over the "
-              f"wall time{_describe_validation(summary)}; checkpoint {summary.checkpoint}; "
-              f"metrics {summary.metrics}")
+              f"{fmt(summary.final_loss)}, {fmt(summary.samples_per_s, ',.0f')} samples/s in training "
+              f"steps, {fmt(summary.train_samples_per_s, ',.0f')} samples/s from the first step to "
+              f"the last, {fmt(summary.wall_samples_per_s, ',.0f')} samples/s over the wall time"
+              f"{_describe_validation(summary)}; checkpoint {summary.checkpoint}; metrics {summary.metrics}")
     if cfg.json:
         print(json.dumps(summary.to_dict()))
     return 0

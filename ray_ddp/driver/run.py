@@ -74,6 +74,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         marks["fit"] = time.time()
         fit_with_status(cfg, store, placement, start, objects, echo, init_from=init_from,
                         model_loss=data_shape is not None and data_shape.hands_labels and loss is None)
+        marks["fitted"] = time.time()  # the last step's report and checkpoint are done
     return write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
 
 

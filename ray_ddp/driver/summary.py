@@ -24,7 +24,7 @@ class RunSummary:
     gpus_per_worker: int
     epochs_completed: int
     final_loss: Optional[float]
-    samples_per_s: Optional[float]  # steady state, over training windows (metrics rows)
+    samples_per_s: Optional[float]  # the steady rate of training steps (reports, checkpoints left out)
     checkpoint: Optional[str]
     metrics: Optional[str]
     resumed_from: Optional[str]
@@ -35,7 +35,8 @@ class RunSummary:
     already_complete: bool = False
     startup_s: Optional[dict[str, float]] = None
     # every sample of this run over the wall time from its first step to its last
-    wall_samples_per_s: Optional[float] = None
+    wall_samples_per_s: Optional[float] = None  # over the command's wall time, start-up included
+    train_samples_per_s: Optional[float] = None  # from the first step to the last, everything included
     task: str = "regression"
     val_loss: Optional[float] = None  # the last validation's
     best_val_loss: Optional[float] = None
@@ -114,7 +115,8 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
                                  run_uri if cfg.keep_best else None)
     resumed_step = int(resumed_meta["step"]) if resumed_meta else 0
     has_rows = table is not None and table.num_rows > 0
-    stats = summarize_metrics(table, resumed_step) if has_rows else {}
+    stats = summarize_metrics(table, resumed_step, trained_until=(marks or {}).get("fitted"),
+                              command_started=(marks or {}).get("process")) if has_rows else {}
     stretches = world_stretches(table) if has_rows else []
     stopped = early_stop_row(table, meta["step"]) if has_rows and scan.latest else None
     summary = RunSummary(
@@ -130,6 +132,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         final_loss=stats.get("final_loss"),
         samples_per_s=stats.get("samples_per_s"),
         wall_samples_per_s=stats.get("wall_samples_per_s"),
+        train_samples_per_s=stats.get("train_samples_per_s"),
         checkpoint=f"{run_uri}/{scan.latest}" if scan.latest else None,
         metrics=f"{run_uri}/{METRICS_FILE}" if table is not None else None,
         resumed_from=resumed_from,

@@ -81,14 +81,20 @@ def early_stop_row(table: Optional[pa.Table], step: int) -> Optional[dict[str, A
     return None
 
 
-def summarize_metrics(table: pa.Table, after_step: int = 0) -> dict[str, Any]:
-    """Final loss (mean over ranks at the last step) and two throughputs:
-    - ``samples_per_s``, the steady state: all ranks' samples of a report / the slowest
-      rank's window time, the first report (warm-up: process start, first allocations)
-      left out when there are others;
-    - ``wall_samples_per_s``: every sample this run trained (the steps after
-      ``after_step``, where it resumed) over the wall time from the start of its first
-      step to the end of its last, checkpoints and reports included.
+def summarize_metrics(table: pa.Table, after_step: int = 0, trained_until: Optional[float] = None,
+                      command_started: Optional[float] = None) -> dict[str, Any]:
+    """Final loss (the units-weighted mean over ranks at the last step) and three
+    throughputs, each what its name says:
+    - ``samples_per_s``: the steady rate of training steps (forward, backward, gradient
+      sync, optimizer): all ranks' samples of a window / the slowest rank's time in its
+      steps (a window's time leaves out the reports, checkpoints and validation that
+      follow its steps), the first window (warm-up) left out when there are others;
+    - ``train_samples_per_s``: every sample this run trained (the steps after
+      ``after_step``, where it resumed; a step redone after a restart counts once) over
+      the time from the start of its first step to ``trained_until`` (fit() returned:
+      every report and checkpoint included);
+    - ``wall_samples_per_s``: the same samples over the command's whole wall time, from
+      ``command_started`` (the process's start) to now: start-up included.
     """
     rows = table.to_pylist()
     by_step: dict[int, list[dict[str, Any]]] = {}
@@ -99,12 +105,16 @@ def summarize_metrics(table: pa.Table, after_step: int = 0) -> dict[str, Any]:
     measured = steps[1:] if len(steps) > 1 else steps
     samples = sum(sum(r["samples"] for r in by_step[s]) for s in measured)
     seconds = sum(max(r["step_time_s"] for r in by_step[s]) for s in measured)
-    this_run = [r for r in rows if r["step"] > after_step]
-    wall = (max(r["time"] for r in this_run) - min(r["time"] - r["step_time_s"] for r in this_run)
-            if this_run else 0.0)
+    this_run = [r for r in rows if r["step"] > after_step]  # one attempt per step: the table keeps the last
+    trained = sum(r["samples"] for r in this_run)
+    first_step = min((r["time"] - r["step_time_s"] for r in this_run), default=None)
+    end = trained_until if trained_until is not None else max((r["time"] for r in this_run), default=None)
+    train_span = end - first_step if first_step is not None and end is not None else 0.0
+    wall = time.time() - command_started if command_started is not None else 0.0
     return {
         "final_loss": rank_mean(last, "loss"),
         "samples_per_s": samples / seconds if seconds > 0 else 0.0,
-        "wall_samples_per_s": sum(r["samples"] for r in this_run) / wall if wall > 0 else None,
+        "train_samples_per_s": trained / train_span if train_span > 0 else None,
+        "wall_samples_per_s": trained / wall if wall > 0 and trained else None,
         "reports": len(steps),
     }

@@ -134,8 +134,6 @@ class WorkerRun:
         send the rows not yet sent when a checkpoint or a send is due. When a node of
         the run is being preempted, save a checkpoint here, whatever the step, and wait
         for Ray to restart the run without that node."""
-        # windows run from close to close, so the cost of sending (a barrier, a
-        # checkpoint) shows in the throughput of the window after it
         now = time.perf_counter()
         model = self.parts.model
         due, check, bad_loss, bad_weights = self.reporter.agree(
@@ -163,8 +161,10 @@ class WorkerRun:
             self.reporter.send()
         if notice is not None and self.state.step < self.total_steps and not self.validator.stopped:
             wait_for_restart(notice["preemption_deadline"])
-        self.window = WindowState.start(self.parts.devices[0], self.parts.devices[-1],
-                                        at=time.perf_counter() if notice else now)
+        # the next window starts now, after the report and any checkpoint: a window's time
+        # is its steps' (samples_per_s is the rate of training steps; the summary's
+        # train_samples_per_s counts everything)
+        self.window = WindowState.start(self.parts.devices[0], self.parts.devices[-1])
 
     def _all_weights_finite(self) -> bool:
         flag = torch.tensor([float(not weights_are_finite(self.parts.model))],

@@ -38,5 +38,6 @@ def test_train_with_no_flags_runs_the_default_toy_job(tmp_path):
     rows = pq.read_table(summary["metrics"]).to_pylist()
     assert sorted((r["step"], r["rank"]) for r in rows) == [(s, r) for s in range(10, 61, 10) for r in (0, 1)]
     done = next(line for line in lines if line.startswith("done: 3/3 epochs"))
-    assert (f"{summary['samples_per_s']:,.0f} samples/s in training windows, "
+    assert (f"{summary['samples_per_s']:,.0f} samples/s in training steps, "
+            f"{summary['train_samples_per_s']:,.0f} samples/s from the first step to the last, "
             f"{summary['wall_samples_per_s']:,.0f} samples/s over the wall time") in done
