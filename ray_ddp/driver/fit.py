@@ -10,12 +10,13 @@ from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.plan import WorkerPlan
 from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.driver.events import failure_event, merge_events, table_events
 from ray_ddp.driver.failures import RestartState, describe_loss, summarize_failure
 from ray_ddp.cluster.runtime_env import train_controller_env, worker_runtime_env
 from ray_ddp.driver.progress import show_progress
 from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_json, read_table
 from ray_ddp.driver.start import StartState, planned_steps
-from ray_ddp.driver.status import write_status
+from ray_ddp.driver.status import read_events, write_status
 from ray_ddp.errors import TrainingError
 
 
@@ -29,22 +30,37 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     run_path = store.run_path(cfg.name)
     scan = start.scan
     restarts = RestartState()
+    earlier = read_events(store, run_path)  # of the commands before this one
+    events: list[dict[str, Any]] = []  # this command's
     write_status(store, run_path, "running", cfg, placement)
     try:
         while True:
             try:
-                with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
-                    _fit(cfg, store, placement, plan_workers(cfg, scan, objects, init_from, model_loss), objects)
+                try:
+                    with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
+                        _fit(cfg, store, placement, plan_workers(cfg, scan, objects, init_from, model_loss),
+                             objects)
+                finally:  # the restarts Ray Train made within this fit, before the next overwrites them
+                    events.extend(controller_events(store, run_path))
                 break
             except TrainingError as err:
                 scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
+                preemptions_before = restarts.preemptions
                 why = _decide_restart(err, restarts, cfg, placement, store, scan)
+                if err.failure is not None:
+                    events.append(failure_event(err.failure, err.step, None if why is None else
+                                                (scan.latest or "the start"),
+                                                scan.meta["step"] if scan.meta else 0,
+                                                preemption=restarts.preemptions > preemptions_before))
                 if why is None:
                     raise
                 echo(f"{err}; restarting from {scan.latest or 'the start'} ({why})"
                      + _steps_to_redo(err.step, scan.meta))
+                write_status(store, run_path, "running", cfg, placement,
+                             events=merge_events(earlier + events))
     except TrainingError as err:
-        write_status(store, run_path, "failed", cfg, placement, error=str(err))
+        write_status(store, run_path, "failed", cfg, placement, error=str(err),
+                     events=merge_events(earlier + events))
         raise
     except KeyboardInterrupt:
         write_status(store, run_path, "interrupted", cfg, placement)
@@ -55,8 +71,19 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     from ray_ddp.observe.summarize import world_stretches
 
     table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
-    write_status(store, run_path, "complete", cfg, placement,
-                  stretches=world_stretches(table) if table is not None and table.num_rows else None)
+    stretches = world_stretches(table) if table is not None and table.num_rows else None
+    # the table holds the whole run: its preemptions and resizes, earlier commands' too
+    write_status(store, run_path, "complete", cfg, placement, stretches=stretches,
+                 events=merge_events(earlier + events, table_events(table.to_pylist(), stretches or []))
+                 if table is not None else merge_events(earlier + events))
+
+
+def controller_events(store: StorageConfig, run_path: str) -> list[dict[str, Any]]:
+    """The worker-group restarts the metrics callback saw within one fit (progress.json)."""
+    try:
+        return (read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}).get("events") or []
+    except ValueError:
+        return []
 
 
 def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any],

@@ -42,6 +42,13 @@ def format_straggler(s: dict[str, Any]) -> str:
             f"({(s.get('node_id') or '?')[:12]})")
 
 
+def format_event(e: dict[str, Any]) -> str:
+    """A worker-group restart Ray Train made itself, as one line."""
+    redo = e.get("steps_lost") or 0
+    return (f"{e['type']} after step {e['step']}: {e['cause']}; restarted from {e['from_checkpoint']}"
+            + (f": {redo} step{'s' if redo != 1 else ''} to redo" if redo else ""))
+
+
 def format_preemption(e: dict[str, Any]) -> str:
     nodes = ", ".join(n[:12] for n in e["node_id"].split(","))
     return (f"node {nodes} is being preempted (deadline in {max(0.0, e['deadline_in_s']):.0f} s): "
@@ -99,6 +106,7 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     last_time = seen["time"] if seen else None
     warned: set[tuple[int, int]] = set()
     told = len(seen.get("preemptions") or []) if seen else 0  # preemptions already printed
+    told_restarts = [len(seen.get("events") or []) if seen else 0]  # Ray Train's restarts, printed
     stop = threading.Event()
 
     def show_new() -> None:
@@ -120,6 +128,12 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
         for event in events[told:]:
             (bar.write if bar else echo)(format_preemption(event))
         told = len(events)
+        restarts = p.get("events") or []
+        if len(restarts) < told_restarts[0]:  # a new controller starts its list afresh
+            told_restarts[0] = 0
+        for event in restarts[told_restarts[0]:]:
+            (bar.write if bar else echo)(format_event(event))
+        told_restarts[0] = len(restarts)
         if bar is not None:
             bar.show(p)
         else:

@@ -12,6 +12,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, SUMMARY_FILE, StorageConfig, read_table, write_json
 from ray_ddp.driver.start import join_uri
+from ray_ddp.driver.status import read_events
 
 
 @dataclass
@@ -45,6 +46,9 @@ class RunSummary:
     best_checkpoint: Optional[str] = None  # with --keep-best: the lowest validation loss's
     # the world size of every stretch of the run: [{"world_size", "from_step", "to_step"}]
     world_sizes: Optional[list[dict[str, int]]] = None
+    # every lost worker, preemption and resize: [{"type", "time", "step", "rank", "node",
+    # "cause", "from_checkpoint", "steps_lost"}] (driver/events.py)
+    events: Optional[list[dict[str, Any]]] = None
     # checkpoints saved on a node's preemption notice: [{"node_id", "step", "checkpoint", ...}]
     preemptions: Optional[list[dict[str, Any]]] = None
     # --early-stop ended the run (its latest checkpoint), after epoch early_stop_epoch
@@ -133,6 +137,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         samples_per_s=stats.get("samples_per_s"),
         wall_samples_per_s=stats.get("wall_samples_per_s"),
         train_samples_per_s=stats.get("train_samples_per_s"),
+        events=read_events(store, run_path),
         checkpoint=f"{run_uri}/{scan.latest}" if scan.latest else None,
         metrics=f"{run_uri}/{METRICS_FILE}" if table is not None else None,
         resumed_from=resumed_from,

@@ -5,6 +5,8 @@ Runs inside Ray Train's controller actor (not the driver).
 from __future__ import annotations
 
 from typing import Any, Optional
+import time
+
 import pyarrow as pa
 from ray.train import UserCallback
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json, write_table
@@ -29,6 +31,9 @@ class MetricsCallback(UserCallback):
         self._evals: list[dict[str, Any]] = []
         self._stragglers = StragglerState()
         self._preemptions: list[dict[str, Any]] = []  # shown by the driver as they come
+        self._events: list[dict[str, Any]] = []  # worker-group restarts within this fit
+        self._last_step: Optional[int] = None  # the last step reported in this fit
+        self._last_checkpoint: Optional[tuple[str, int]] = None  # (its folder, its step)
         self._tb = None
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
@@ -41,6 +46,7 @@ class MetricsCallback(UserCallback):
         # Windows end on fixed steps, so a restarted worker group (or a resumed run)
         # re-reports the very steps it redoes: drop the earlier attempt's rows.
         first_step = int(windows[0][0]["step"])
+        self._note_restart(windows[0])
         self._rows = [r for r in self._rows if r["step"] < first_step]
         self._evals = [r for r in self._evals if r["step"] < first_step]
         straggler = None
@@ -54,9 +60,13 @@ class MetricsCallback(UserCallback):
             checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
         )
         progress["straggler"] = straggler
+        if checkpoint is not None:
+            self._last_checkpoint = (progress["checkpoint"], int(windows[-1][0]["step"]))
         if windows[-1][0].get("preempted_node") and checkpoint is not None:
             self._preemptions.append(describe_preemption(windows[-1][0], progress["checkpoint"]))
         progress["preemptions"] = self._preemptions
+        progress["events"] = self._events  # restarts Ray Train made itself (--max-failures)
+        self._last_step = int(windows[-1][0]["step"])
         # where each rank runs: the driver names the rank and node of a failure with it
         progress["nodes"] = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
         write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", progress)
@@ -73,6 +83,21 @@ class MetricsCallback(UserCallback):
                             pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
             if self.keep_best:
                 prune_checkpoints(store.fs, run_path, self.keep, self._evals)
+
+    def _note_restart(self, first_window: list[dict[str, Any]]) -> None:
+        """Record an event when this report opens a new worker group within this fit (its
+        ranks' first rows carry ``started_at``): Ray Train restarted it after a failure
+        (``--max-failures``) or at a preemption's deadline. driver/events.py's fields."""
+        if self._last_step is None or not any(m.get("started_at") is not None for m in first_window):
+            return
+        name, at = self._last_checkpoint or ("the start", 0)
+        preempted = bool(self._preemptions) and self._preemptions[-1]["step"] == at
+        self._events.append({
+            "type": "preemption" if preempted else "failure", "time": time.time(), "step": self._last_step,
+            "rank": None, "node": None,
+            "cause": ("Ray Train restarted the workers at the preemption's deadline" if preempted else
+                      "Ray Train restarted the worker group (within --max-failures)"),
+            "from_checkpoint": name, "steps_lost": max(0, self._last_step - at)})
 
     def after_exception(self, run_context, worker_exceptions) -> None:
         self._close_tensorboard()

@@ -5,7 +5,7 @@ report.txt. Runs on the driver.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Optional
 from ray_ddp.errors import ConfigError
@@ -25,13 +25,18 @@ class ReportSummary:
     slowest_step_time_s: float
     median_step_time_s: float
     files: list[str]
+    events: list[dict] = field(default_factory=list)  # status.json's, marked on the loss plot
 
     def text(self) -> str:
         ratio = self.slowest_step_time_s / self.median_step_time_s if self.median_step_time_s else 1.0
-        return (f"run {self.run}: {self.ranks} ranks, {self.steps} steps, final loss "
-                f"{self.final_loss:.4f}\nslowest rank: {self.slowest_rank} "
-                f"({self.slowest_step_time_s:.4f} s of own work per report on average, "
-                f"{ratio:.2f}x the median rank's {self.median_step_time_s:.4f} s)")
+        lines = [f"run {self.run}: {self.ranks} ranks, {self.steps} steps, final loss {self.final_loss:.4f}",
+                 f"slowest rank: {self.slowest_rank} ({self.slowest_step_time_s:.4f} s of own work per "
+                 f"report on average, {ratio:.2f}x the median rank's {self.median_step_time_s:.4f} s)"]
+        for e in self.events:
+            where = f" rank {e['rank']}" if e.get("rank") is not None else ""
+            then = f"; restarted from {e['from_checkpoint']}" if e.get("from_checkpoint") else ""
+            lines.append(f"{e['type']} at step {e['step']}:{where} {e['cause']}{then}")
+        return "\n".join(lines)
 
 
 def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSummary:
@@ -80,6 +85,12 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
                 label="validation")
     ax.set(xlabel="step", ylabel="loss", title=f"{name}: training and validation loss"
            if evals is not None else f"{name}: training loss")
+    events = _events_of(store, name)
+    labelled: set[str] = set()
+    for event in (e for e in events if e.get("step") is not None):
+        ax.axvline(event["step"], color="red" if event["type"] in ("failure", "hang") else "gray",
+                   linestyle=":", label=None if event["type"] in labelled else event["type"])
+        labelled.add(event["type"])
     ax.legend()
     save(fig, "loss.png")
     for column, ylabel, filename in (
@@ -100,12 +111,22 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     summary = ReportSummary(
         run=name, ranks=len(ranks), steps=steps[-1], final_loss=float("nan") if means[-1] is None else means[-1],
         slowest_rank=slowest, slowest_step_time_s=mean_time[slowest],
-        median_step_time_s=median(mean_time.values()), files=files,
+        median_step_time_s=median(mean_time.values()), files=files, events=events,
     )
     with out_fs.open_output_stream(f"{out_path}/report.txt") as f:
         f.write((summary.text() + "\n").encode())
     files.append(f"{out_path}/report.txt")
     return summary
+
+
+def _events_of(store: StorageConfig, name: str) -> list[dict]:
+    """The run's events (status.json): lost workers, preemptions, resizes."""
+    from ray_ddp.storage import STATUS_FILE, read_json
+
+    try:
+        return (read_json(store.fs, f"{store.run_path(name)}/{STATUS_FILE}") or {}).get("events") or []
+    except ValueError:
+        return []
 
 
 def _report_target(store: StorageConfig, name: str, out: Optional[str]):

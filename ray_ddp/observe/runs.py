@@ -30,6 +30,7 @@ class RunListing:
     checkpoint: Optional[str]
     world_size: Optional[int]
     started: Optional[float]
+    restarts: int = 0  # worker-group restarts: failures and preemptions it went on from
 
 
 def list_runs(storage: str, now: Optional[float] = None) -> list[RunListing]:
@@ -72,15 +73,17 @@ def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunLis
         name=name, state=state, epochs_done=(scan.meta or {}).get("epoch", 0),
         epochs=status.get("epochs"), last_loss=progress.get("loss"), checkpoint=scan.latest,
         world_size=status.get("world_size"), started=status.get("created"),
+        restarts=sum(1 for e in status.get("events") or []
+                     if e.get("type") in ("failure", "hang", "preemption") and e.get("from_checkpoint")),
     )
 
 
 def format_runs(listings: list[RunListing]) -> str:
-    header = ("run", "state", "epochs", "last loss", "checkpoint", "world", "started")
+    header = ("run", "state", "epochs", "last loss", "checkpoint", "world", "restarts", "started")
     rows = [header] + [(
         r.name, r.state, f"{r.epochs_done}/{r.epochs if r.epochs is not None else '?'}",
         "-" if r.last_loss is None else f"{r.last_loss:.4f}", r.checkpoint or "-",
-        str(r.world_size or "-"),
+        str(r.world_size or "-"), str(r.restarts),
         "-" if r.started is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
     ) for r in listings]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

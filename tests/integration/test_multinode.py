@@ -275,6 +275,9 @@ def test_a_preempted_node_gets_a_checkpoint_at_once_and_the_run_goes_on_without_
     assert b["world_sizes"][2:] == [{"world_size": 2, "from_step": 2 * STEPS, "to_step": step},
                                     {"world_size": 1, "from_step": step, "to_step": 4 * STEPS}]
     assert [(p["step"], p["node_id"]) for p in b["preemptions"]] == [(step, story["b_node"])]
+    # its death before the deadline is recorded as a preemption event, not a failure
+    assert [e["type"] for e in b["events"] if e["type"] != "resize"][-1:] == ["preemption"], b["events"]
+    assert not [e for e in b["events"] if e["type"] == "failure" and e["step"] > 2 * STEPS]
     # no step trained after the preemption checkpoint was lost: the workers stopped there
     assert max(r["step"] for r in rows if r["world_size"] == 2) == step
     assert {r["world_size"] for r in rows if r["step"] > step} == {1}

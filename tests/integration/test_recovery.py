@@ -204,6 +204,9 @@ def test_killed_worker_restarts_from_checkpoint_and_ends_bit_identical(user_mode
     summary = result["summary"]
     assert summary.epochs_completed == 4 and summary.steps == 48
     assert int(open(os.path.join(pid_dir, "1.pid")).read()) != pid, "rank 1 is a new process"
+    # Ray Train restarted the group itself (--max-failures 1): the run still records it
+    [event] = [e for e in summary.events if e["type"] == "failure"]
+    assert event["from_checkpoint"] == "step-00000012" and event["step"] >= 12 and "max-failures" in event["cause"]
     rows = rows_of(summary)
     keys = [(r["step"], r["rank"]) for r in rows]
     assert sorted(keys) == sorted(set(keys)), "each (step, rank) once, redone steps replaced"

@@ -5,6 +5,7 @@ rows in the last step, the Python API's val_data= with keep_best, a frozen Batch
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 
@@ -13,6 +14,8 @@ import torch
 
 from ray_ddp import ConfigError, TrainConfig, TrainingError, run
 from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.observe.report import write_report
+from ray_ddp.observe.runs import list_runs
 
 from ._runs import rows_of
 
@@ -83,6 +86,15 @@ def test_an_elastic_run_survives_a_lost_worker_without_max_failures(ray_local, s
     assert len(restart) == 1, lines
     assert re.search(r"^rank 1 on node 127\.0\.0\.1 was lost \(its process \d+ died\)( at step 1\d)?; "
                      r"restarting from step-00000010 \(an elastic run goes on", restart[0]), restart[0]
+    # the event is recorded: in summary.json, status.json, `ray-ddp runs` and the report
+    [event] = [e for e in summary.events if e["type"] == "failure"]
+    assert (event["rank"], event["node"], event["from_checkpoint"]) == (1, "127.0.0.1", "step-00000010")
+    assert set(event) == {"type", "time", "step", "rank", "node", "cause", "from_checkpoint", "steps_lost"}
+    status = json.loads((storage / "elastic-lost-worker" / "status.json").read_text())
+    assert status["events"] == summary.events
+    [listing] = [r for r in list_runs(str(storage)) if r.name == "elastic-lost-worker"]
+    assert listing.restarts == 1
+    assert "failure at step" in write_report(str(storage), "elastic-lost-worker").text()
 
 
 def test_a_fixed_run_names_the_lost_worker_and_the_flag(ray_local, storage, tmp_path):
