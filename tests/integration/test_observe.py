@@ -37,7 +37,10 @@ def test_runs_lists_a_complete_run(full_run, storage, capsys):
     assert full["checkpoint"] == "step-00000030" and full["last_loss"] == pytest.approx(full_run.final_loss)
     assert main(["runs", "--storage", str(storage)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["run", "state", "epochs", "last", "loss", "checkpoint", "world", "started"]
+    assert table[0].split() == ["run", "state", "epochs", "last", "loss", "checkpoint", "world", "restarts",
+                                "started"]
+    assert full["restarts"] == 0 and any(line.split()[:3] == ["full", "complete", "3/3"] and line.split()[6] == "0"
+                                         for line in table)
     assert any(line.split()[:3] == ["full", "complete", "3/3"] for line in table)
 
 

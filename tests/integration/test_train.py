@@ -183,9 +183,10 @@ def test_summary_has_three_throughputs_each_what_its_name_says(full_run):
     rows = rows_of(full_run)
     total = sum(r["samples"] for r in rows)
     # over the command's whole wall time (start-up included): the smallest of the three,
-    # and exactly every sample over the process's life
+    # every sample over at least run()'s own wall time (from the process's start for its
+    # first run(), from the call for a later one; wall_time_s is read a moment after)
     assert full_run.wall_samples_per_s < full_run.train_samples_per_s < full_run.samples_per_s
-    assert total / full_run.wall_samples_per_s >= full_run.wall_time_s
+    assert total / full_run.wall_samples_per_s >= 0.98 * full_run.wall_time_s
     # first step to last, every report and checkpoint included: below the steps' own rate
     first_step = min(r["time"] - r["step_time_s"] for r in rows)
     assert total / full_run.train_samples_per_s >= max(r["time"] for r in rows) - first_step
