@@ -11,9 +11,9 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from ray_ddp.errors import BatchError
+from ray_ddp.errors import BatchError, TargetShapeError
 from ray_ddp.tasks.batches import batch_rows, logits_of
-from ray_ddp.tasks.targets import match_class_target, match_regression_target
+from ray_ddp.tasks.targets import describe_shapes, match_class_target, match_regression_target
 
 IGNORE_INDEX = -100  # a label that counts for nothing (padding), as in PyTorch and Hugging Face
 
@@ -89,11 +89,8 @@ class LanguageModelTask(Task):
         self.units_per_row = seq_len
 
     def match_target(self, output, target):
-        from ray_ddp.errors import TargetShapeError
-        from ray_ddp.tasks.targets import _shapes
-
         if target.shape != output.shape[:-1] or target.is_floating_point():
-            raise TargetShapeError(f"{_shapes(output, target)}; a language model needs integer "
+            raise TargetShapeError(f"{describe_shapes(output, target)}; a language model needs integer "
                                    "token targets of the output's shape without its vocabulary")
         return target
 

@@ -10,7 +10,7 @@ import torch
 from ray_ddp.errors import TargetShapeError
 
 
-def _shapes(output: torch.Tensor, target: torch.Tensor) -> str:
+def describe_shapes(output: torch.Tensor, target: torch.Tensor) -> str:
     rows = "(rows" if output.dim() else "("
     return (f"the model's output has shape {rows}{_tail(output)}) per batch but the target "
             f"{rows}{_tail(target)})")
@@ -31,7 +31,7 @@ def match_regression_target(output: torch.Tensor, target: torch.Tensor) -> torch
         return target.unsqueeze(1)
     if output.dim() == 1 and target.dim() == 2 and target.shape == (len(output), 1):
         return target.squeeze(1)
-    raise TargetShapeError(f"{_shapes(output, target)}; make them match (for example a target "
+    raise TargetShapeError(f"{describe_shapes(output, target)}; make them match (for example a target "
                            "of one value per row against an output of one column)")
 
 
@@ -45,6 +45,6 @@ def match_class_target(output: torch.Tensor, target: torch.Tensor) -> torch.Tens
         target = target.squeeze(1)
     if target.is_floating_point() or target.shape != output.shape[:-1]:
         kind = "float" if target.is_floating_point() else "integer"
-        raise TargetShapeError(f"{_shapes(output, target)} ({kind}); classification needs integer "
+        raise TargetShapeError(f"{describe_shapes(output, target)} ({kind}); classification needs integer "
                                "labels of one per row (or float probabilities of the output's shape)")
     return target
