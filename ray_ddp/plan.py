@@ -27,6 +27,7 @@ class WorkerPlan:
     model_loss: bool = False  # batches hand the model its labels: its own loss is the objective
     init_from: Optional[str] = None  # a new run's first weights (--init-from)
     init_strict: bool = True
+    hang_watch: Any = None  # the driver's HangWatch actor (--hang-timeout), or None: off
 
     def load_objects(self) -> dict[str, Any]:
         from ray import cloudpickle

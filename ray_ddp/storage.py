@@ -28,6 +28,7 @@ METRICS_FILE = "metrics.parquet"
 EVAL_FILE = "eval.parquet"
 PROGRESS_FILE = "progress.json"
 SUMMARY_FILE = "summary.json"
+PROFILE_FOLDER = "profile"  # --profile's traces: rank-<r>.pt.trace.json
 STATUS_FILE = "status.json"
 
 

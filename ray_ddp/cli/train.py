@@ -54,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
               f"steps, {fmt(summary.train_samples_per_s, ',.0f')} samples/s from the first step to "
               f"the last, {fmt(summary.wall_samples_per_s, ',.0f')} samples/s over the wall time"
               f"{_describe_validation(summary)}; checkpoint {summary.checkpoint}; metrics {summary.metrics}")
+    if summary.profile and not cfg.quiet:
+        print(f"profile: steps {cfg.profile} of every rank as Chrome/Perfetto traces in "
+              f"{summary.profile}/ (open one in ui.perfetto.dev, or: tensorboard --logdir "
+              f"{summary.profile})")
     if cfg.json:
         print(json.dumps(summary.to_dict()))
     return 0

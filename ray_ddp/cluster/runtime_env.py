@@ -52,11 +52,22 @@ def _module_of(obj: Any) -> str:
 TRAIN_CONTROLLER_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1"}
 
 
+# On NCCL, --hang-timeout also turns on Ray Train's own NCCL hang detector (experimental,
+# off by default in Ray), which reads NCCL's RAS view of every communicator; it is told
+# to confirm a hang over the same time. RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR=0 in the
+# driver's environment turns it off again.
+def nccl_hang_env(backend: str, hang_timeout: float) -> dict[str, str]:
+    if backend != "nccl" or hang_timeout <= 0:
+        return {}
+    return {"RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR": "1",
+            "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S": str(hang_timeout)}
+
+
 @contextmanager
-def train_controller_env() -> Iterator[None]:
-    """TRAIN_CONTROLLER_ENV in this process's environment while a trainer is made and runs
-    (where Ray reads it), as it was before afterwards."""
-    added = {k: v for k, v in TRAIN_CONTROLLER_ENV.items() if k not in os.environ}
+def train_controller_env(extra: dict[str, str] | None = None) -> Iterator[None]:
+    """TRAIN_CONTROLLER_ENV (and ``extra``) in this process's environment while a trainer
+    is made and runs (where Ray reads it), as it was before afterwards."""
+    added = {k: v for k, v in {**TRAIN_CONTROLLER_ENV, **(extra or {})}.items() if k not in os.environ}
     os.environ.update(added)
     try:
         yield

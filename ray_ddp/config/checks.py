@@ -51,6 +51,10 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"--report-interval must be 0 or more seconds, got {cfg.report_interval}")
     if not math.isfinite(cfg.wait_for_resources) or cfg.wait_for_resources < 0:
         raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {cfg.wait_for_resources}")
+    if not math.isfinite(cfg.hang_timeout) or cfg.hang_timeout < 0:
+        raise ConfigError(f"--hang-timeout must be 0 (off) or more seconds, got {cfg.hang_timeout}")
+    if cfg.profile is not None:
+        parse_profile_steps(cfg.profile)
     if cfg.max_failures is not None and cfg.max_failures < -1:
         raise ConfigError("--max-failures must be -1 (retry forever), 0 or more")
     if not math.isfinite(cfg.lr) or cfg.lr <= 0:
@@ -192,3 +196,16 @@ def _check_fsdp(cfg: TrainConfig) -> None:
 def _require_positive(name: str, value: int) -> None:
     if value <= 0:
         raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+
+
+def parse_profile_steps(spec: str) -> tuple[int, int]:
+    """``--profile START-END`` as (START, END): global steps, 1 the first, END included."""
+    start, sep, end = str(spec).partition("-")
+    try:
+        first, last = int(start), int(end)
+    except ValueError:
+        first = last = 0
+    if not sep or first < 1 or last < first:
+        raise ConfigError(f"--profile takes START-END, two step numbers with 1 <= START <= END "
+                          f"(e.g. 10-15), got {spec!r}")
+    return first, last

@@ -199,6 +199,16 @@ class TrainConfig:
         "restarts after spot-node preemptions before giving up (-1: no limit); when a node is "
         "drained for preemption the workers save a checkpoint at the next report and wait for "
         "the restart", default=-1)
+    hang_timeout: float = _opt(
+        "seconds without any rank finishing a step (after the first; validation batches and "
+        "checkpoints count as progress) before the run is declared hung: every rank's stacks go "
+        "to <run>/hangs/<step>/, one line names the ranks not waiting in a collective, and the "
+        "worker group is ended and restarted from the latest checkpoint, counted against "
+        "--max-failures (0: no watchdog)", default=600.0)
+    profile: Optional[str] = _opt(
+        "record a torch.profiler trace of steps START-END (e.g. 10-15; the run's global step "
+        "numbers, 1 is the first) on every rank, as Chrome/Perfetto JSON under <run>/profile/ "
+        "(TensorBoard's profiler plugin reads the same files)", default=None)
     tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "
                              "(local storage)", default=False)
     # --- output ---

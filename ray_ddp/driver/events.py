@@ -49,6 +49,33 @@ def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) ->
     return events
 
 
+def attribute_hangs(restarts: list[dict[str, Any]], hangs: list[dict[str, Any]]
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The restarts Ray Train made, each that followed a hang the watch declared told as
+    that hang (its rank, node and cause; where it restarted from and the steps lost are
+    the restart's), and the hangs no restart followed (the run stopped there)."""
+    out, pending = list(restarts), []
+    for hang in sorted(hangs, key=lambda e: e["time"]):
+        k = next((i for i, e in enumerate(out) if e["type"] == "failure" and (e["time"] or 0) > hang["time"]),
+                 None)
+        if k is None:
+            pending.append(hang)
+        else:
+            out[k] = restarted_after_hang(hang, out[k]["from_checkpoint"], out[k]["steps_lost"])
+    return out, pending
+
+
+def restarted_after_hang(hang: dict[str, Any], checkpoint: Optional[str], steps_lost: int) -> dict[str, Any]:
+    """The hang, restarted from ``checkpoint``: the steps lost count from the hang's step
+    (the watch knows it from the heartbeats; a restart only from the reports)."""
+    import re
+
+    found = re.search(r"step-(\d+)", checkpoint or "")
+    since = int(found[1]) if found else 0
+    lost = max(steps_lost, hang["step"] - since) if checkpoint is not None else 0
+    return {**hang, "from_checkpoint": checkpoint, "steps_lost": lost}
+
+
 def merge_events(*lists: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every event once, in time order; where two lists hold the same one (a preemption
     the driver restarted from is in the table too), the earlier list's record wins."""

@@ -10,9 +10,11 @@ from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.plan import WorkerPlan
 from ray_ddp.cluster.placement import PlacementConfig
-from ray_ddp.driver.events import failure_event, merge_events, table_events
+from ray_ddp.driver.events import (attribute_hangs, failure_event, merge_events, restarted_after_hang,
+                                   table_events)
+from ray_ddp.driver.hangs import HangMonitor
 from ray_ddp.driver.failures import RestartState, describe_loss, summarize_failure
-from ray_ddp.cluster.runtime_env import train_controller_env, worker_runtime_env
+from ray_ddp.cluster.runtime_env import nccl_hang_env, train_controller_env, worker_runtime_env
 from ray_ddp.driver.progress import show_progress
 from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_json, read_table
 from ray_ddp.driver.start import StartState, planned_steps
@@ -32,26 +34,35 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     restarts = RestartState()
     earlier = read_events(store, run_path)  # of the commands before this one
     events: list[dict[str, Any]] = []  # this command's
+    pending: list[dict[str, Any]] = []  # hangs that ended a fit (no restart within it followed)
     write_status(store, run_path, "running", cfg, placement)
+    monitor = HangMonitor(cfg.hang_timeout, store, run_path, echo)
     try:
         while True:
             try:
                 try:
-                    with show_progress(store, run_path, echo, enabled=not cfg.quiet), train_controller_env():
-                        _fit(cfg, store, placement, plan_workers(cfg, scan, objects, init_from, model_loss),
-                             objects)
+                    with show_progress(store, run_path, echo, enabled=not cfg.quiet), \
+                            train_controller_env(nccl_hang_env(placement.backend, cfg.hang_timeout)):
+                        _fit(cfg, store, placement, plan_workers(cfg, scan, objects, init_from, model_loss,
+                                                                 monitor.actor), objects)
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
-                    events.extend(controller_events(store, run_path))
+                    told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())
+                    events.extend(told)
                 break
             except TrainingError as err:
+                if pending and err.failure is not None:  # the watch ended the group: say why
+                    err.args = (pending[-1]["cause"].removeprefix("hang: "),)
                 scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
                 preemptions_before = restarts.preemptions
                 why = _decide_restart(err, restarts, cfg, placement, store, scan)
                 if err.failure is not None:
-                    events.append(failure_event(err.failure, err.step, None if why is None else
-                                                (scan.latest or "the start"),
-                                                scan.meta["step"] if scan.meta else 0,
-                                                preemption=restarts.preemptions > preemptions_before))
+                    event = failure_event(err.failure, err.step, None if why is None else
+                                          (scan.latest or "the start"),
+                                          scan.meta["step"] if scan.meta else 0,
+                                          preemption=restarts.preemptions > preemptions_before)
+                    if pending:
+                        event = restarted_after_hang(pending[-1], event["from_checkpoint"], event["steps_lost"])
+                    events.append(event)
                 if why is None:
                     raise
                 echo(f"{err}; restarting from {scan.latest or 'the start'} ({why})"
@@ -68,6 +79,8 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     except BaseException as err:  # a bug or a storage failure: never leave "running"
         write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
         raise
+    finally:
+        monitor.close()
     from ray_ddp.observe.summarize import world_stretches
 
     table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
@@ -87,7 +100,8 @@ def controller_events(store: StorageConfig, run_path: str) -> list[dict[str, Any
 
 
 def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any],
-                 init_from: Optional[str] = None, model_loss: bool = False) -> WorkerPlan:
+                 init_from: Optional[str] = None, model_loss: bool = False,
+                 hang_watch: Any = None) -> WorkerPlan:
     """All a worker receives: the resolved config, where to resume, where the run ends,
     and the Python API's objects, pickled here (Ray Train's controller only hands them
     on, and could not import a user's module that only the workers' PYTHONPATH holds)."""
@@ -98,7 +112,8 @@ def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]
                       objects=cloudpickle.dumps({k: v for k, v in objects.items() if v is not None}),
                       model_loss=model_loss,
                       # only before this run's first checkpoint: a restart resumes it instead
-                      init_from=init_from if scan.latest is None else None, init_strict=cfg.init_strict)
+                      init_from=init_from if scan.latest is None else None, init_strict=cfg.init_strict,
+                      hang_watch=hang_watch)
 
 
 def _decide_restart(err: "TrainingError", restarts: RestartState, cfg: TrainConfig,
@@ -135,7 +150,11 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=plan,
-        torch_config=TorchConfig(backend=placement.backend),
+        # on NCCL a hung collective would wait for the process group's timeout (30 min by
+        # default): the hang watch acts first and the timeout still bounds a hang it missed
+        torch_config=TorchConfig(backend=placement.backend, **(
+            {"timeout_s": int(max(300, 2 * cfg.hang_timeout))}
+            if placement.backend == "nccl" and cfg.hang_timeout > 0 else {})),
         scaling_config=ScalingConfig(
             num_workers=placement.num_workers(),  # (MIN, MAX): Ray's elastic policy
             use_gpu=placement.use_gpu,

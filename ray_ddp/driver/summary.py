@@ -10,7 +10,7 @@ from typing import Any, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
-from ray_ddp.storage import EVAL_FILE, METRICS_FILE, SUMMARY_FILE, StorageConfig, read_table, write_json
+from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROFILE_FOLDER, SUMMARY_FILE, StorageConfig, read_table, write_json
 from ray_ddp.driver.start import join_uri
 from ray_ddp.driver.status import read_events
 
@@ -54,6 +54,7 @@ class RunSummary:
     # --early-stop ended the run (its latest checkpoint), after epoch early_stop_epoch
     early_stopped: bool = False
     early_stop_epoch: Optional[int] = None
+    profile: Optional[str] = None  # --profile: the folder of its traces (rank-<r>.pt.trace.json)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,6 +101,14 @@ def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs, run_uri: Opt
         best = best_checkpoint(names, evals)
         out["best_checkpoint"] = f"{run_uri}/{best}" if best else None
     return out
+
+
+def profile_folder(store: StorageConfig, run_path: str, run_uri: str) -> Optional[str]:
+    """Where --profile's traces are, if any were written."""
+    from pyarrow.fs import FileSelector
+
+    found = store.fs.get_file_info(FileSelector(f"{run_path}/{PROFILE_FOLDER}", allow_not_found=True))
+    return f"{run_uri}/{PROFILE_FOLDER}" if any(i.base_name.endswith(".pt.trace.json") for i in found) else None
 
 
 def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
@@ -149,6 +158,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         task=cfg.task or "regression",
         early_stopped=stopped is not None,
         early_stop_epoch=int(stopped["epoch"]) if stopped else None,
+        profile=profile_folder(store, run_path, run_uri),
         **validation,
     )
     write_json(store.fs, f"{run_path}/{SUMMARY_FILE}", summary.to_dict())

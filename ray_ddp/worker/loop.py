@@ -33,8 +33,10 @@ from ray_ddp.tasks.builtin import Task
 from ray_ddp.tasks.build import build_task
 from ray_ddp.worker.checks import raise_if_not_finite, weights_are_finite
 from ray_ddp.worker.devices import worker_devices
+from ray_ddp.worker.heartbeat import Heartbeat
 from ray_ddp.worker.parts import TrainParts, build_parts
 from ray_ddp.worker.preemption import PreemptionState, wait_for_restart
+from ray_ddp.worker.profile import ProfileState
 from ray_ddp.worker.report import Reporter
 from ray_ddp.worker.step import train_step
 from ray_ddp.worker.validate import Validator
@@ -63,8 +65,10 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
     task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
                       model_loss=plan.model_loss)
     source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects)
+    heartbeat = Heartbeat(plan.hang_watch, rank, ray.get_runtime_context().get_node_id(),
+                          ray.util.get_node_ip_address(), min(5.0, max(0.5, cfg.hang_timeout / 10)))
     run = WorkerRun(cfg, rank, world_size, parts, task, source, val_set, state, plan.total_steps,
-                    {"loaded_hash": loaded_hash, "started_at": started_at})
+                    {"loaded_hash": loaded_hash, "started_at": started_at}, heartbeat)
     try:
         run.train()
     except RuntimeError as err:
@@ -73,13 +77,15 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
                 "the model's forward did not use every parameter, and DDP needs each one's "
                 "gradient for its all-reduce; pass --find-unused-parameters") from None
         raise
+    finally:
+        heartbeat.close()
 
 
 class WorkerRun:
     """One worker's training run: epochs of steps, closed into metrics windows."""
 
     def __init__(self, cfg, rank: int, world_size: int, parts: TrainParts, task: Task, source,
-                 val_set, state, total_steps: int, first_report: dict):
+                 val_set, state, total_steps: int, first_report: dict, heartbeat: Heartbeat):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.parts, self.task, self.source, self.state = parts, task, source, state
         self.total_steps = total_steps
@@ -90,7 +96,10 @@ class WorkerRun:
         collective = device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.reporter = Reporter(rank, world_size, cfg.report_interval, collective,
                                  parts.strategy.checkpoint_writer(ray.train.get_context().get_storage(), rank))
-        self.validator = Validator(cfg, val_set, task, parts, rank, world_size, collective)
+        self.heartbeat = heartbeat
+        self.profile = ProfileState(cfg.profile, rank, cfg.storage, cfg.name, device)
+        self.validator = Validator(cfg, val_set, task, parts, rank, world_size, collective,
+                                   on_batch=heartbeat.tick)
         self.validator.resume_early_stop(state.step)  # --early-stop's count survives a resume
         self.preemptions = PreemptionState()
         self.window = WindowState.start(device, parts.devices[-1])
@@ -101,15 +110,19 @@ class WorkerRun:
             if self.validator.stopped:  # --early-stop, after that epoch's report (or resumed there)
                 break
             for i in range(state.epoch_step, cfg.steps_per_epoch):  # >0 only on mid-epoch resume
+                self.profile.before_step(state.step + 1)
                 train_step(self.parts, self.task, self.source, self.window, epoch, i, cfg.grad_accum,
                            cfg.clip_grad, self.reporter.collective_device)
                 state.step += 1
                 state.epoch_step += 1
+                self.heartbeat.tick(state.step)
+                self.profile.after_step(state.step)
                 self._note_first_step()
                 if i == cfg.steps_per_epoch - 1:
                     self._end_epoch(epoch)
                 elif (i + 1) % cfg.report_every == 0:
                     self._close_window(epoch, save=False, epoch_end=False)
+        self.profile.finish()  # a range past the run's last step ends with it
 
     def _end_epoch(self, epoch: int) -> None:
         self.state.epoch, self.state.epoch_step = epoch + 1, 0
@@ -159,8 +172,10 @@ class WorkerRun:
                                                                    self.validator.stopped))
         elif due:
             self.reporter.send()
+        self.heartbeat.tick()  # a slow checkpoint is progress, not a hang
         if notice is not None and self.state.step < self.total_steps and not self.validator.stopped:
-            wait_for_restart(notice["preemption_deadline"])
+            with self.heartbeat.pause():
+                wait_for_restart(notice["preemption_deadline"])
         # the next window starts now, after the report and any checkpoint: a window's time
         # is its steps' (samples_per_s is the rate of training steps; the summary's
         # train_samples_per_s counts everything)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterable, Optional
+from typing import Callable, Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -24,8 +24,10 @@ class Validator:
     it, and with ``--early-stop`` whether training should stop (``stopped``)."""
 
     def __init__(self, cfg, val_set: Optional[ValSet], task: Task, parts: TrainParts, rank: int,
-                 world_size: int, collective_device: torch.device):
+                 world_size: int, collective_device: torch.device,
+                 on_batch: Callable[[], None] = lambda: None):
         self.cfg, self.val_set, self.task, self.parts = cfg, val_set, task, parts
+        self.on_batch = on_batch  # the hang watch's heartbeat: a long validation is progress
         self.rank, self.world_size, self.collective_device = rank, world_size, collective_device
         self.early_stop = EarlyStop(cfg.early_stop) if cfg.early_stop else None
 
@@ -68,6 +70,7 @@ class Validator:
                     out = forward(model, x)
                 for key, value in task.sums(out, y, x).items():
                     totals[key] = totals.get(key, 0) + (value.double() if torch.is_tensor(value) else value)
+                self.on_batch()
         for module, training in modes:
             module.train(training)
         keys = ("loss", "units", "correct")

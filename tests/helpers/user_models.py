@@ -255,3 +255,31 @@ class DiesOnRankOne(nn.Module):
 
 def dies_on_rank_one(marker: str, at: int, every_life: bool = False) -> nn.Module:
     return DiesOnRankOne(marker, at, every_life)
+
+
+class HangsOnRankOne(nn.Module):
+    """The tutorial's ToyModel whose rank 1 stops answering (a stuck read, a deadlocked
+    kernel) at its ``at``-th training forward, in its first life only: its peers wait for
+    it in the gradient all-reduce."""
+
+    def __init__(self, marker: str, at: int):
+        super().__init__()
+        self.net1, self.relu, self.net2 = nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)
+        self.marker, self.at, self.calls = marker, at, 0
+
+    def forward(self, x):
+        import os
+        import time
+
+        import ray.train
+
+        self.calls += self.training
+        if self.training and self.calls == self.at and ray.train.get_context().get_world_rank() == 1:
+            if not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                time.sleep(3600)  # the hung frame the stack file must show
+        return self.net2(self.relu(self.net1(x)))
+
+
+def hangs_on_rank_one(marker: str, at: int) -> nn.Module:
+    return HangsOnRankOne(marker, at)

@@ -73,6 +73,8 @@ CASES = {
                                  "--fsdp-wrap nosuchpkg.Block: cannot import it"),
     "fsdp wrap not a module": (["--strategy", "fsdp", "--fsdp-wrap", "torch.Tensor"],
                                "--fsdp-wrap torch.Tensor is not an nn.Module class"),
+    "negative hang timeout": (["--hang-timeout", "-1"], "--hang-timeout must be 0 (off) or more seconds"),
+    "profile of one number": (["--profile", "5"], "--profile takes START-END"),
 }
 
 

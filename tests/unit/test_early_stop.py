@@ -184,6 +184,8 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     """WorkerRun.train with the step and the window's end stubbed (no Ray): validation
     every epoch, --checkpoint-every 4, a val_loss that never gets lower."""
     from ray_ddp.worker import loop
+    from ray_ddp.worker.heartbeat import Heartbeat
+    from ray_ddp.worker.profile import ProfileState
 
     cfg = TrainConfig(epochs=10, steps_per_epoch=2, report_every=10, checkpoint_every=4, early_stop=2,
                       val_fraction=0.2)
@@ -193,6 +195,8 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     worker.reporter = SimpleNamespace(collective_device=torch.device("cpu"))
     worker.window = SimpleNamespace(started=0.0)
     worker.first_report, worker.task, worker.source = None, None, None
+    worker.heartbeat = Heartbeat(None, 0, "node", "127.0.0.1", 1.0)  # no watch: no thread
+    worker.profile = ProfileState(None, 0, "unused", "unused", torch.device("cpu"))
     validator = Validator(cfg, None, None, None, 0, 1, torch.device("cpu"))
     validator.should_validate = lambda epoch_done: True
     validator.validate = lambda epoch_done: {"val_time_s": 0.0, **validator.early_stop.update(1.0, epoch_done)}

@@ -1,0 +1,209 @@
+"""The hang watch (``--hang-timeout``): notice when no rank has finished a step for that
+long, write every rank's stacks to ``<run>/hangs/<step>/rank-<r>.txt``, say in one line
+which ranks are not waiting in a collective, and end the worker group so Ray Train
+restarts it from the latest checkpoint (counted against --max-failures). Runs on the
+driver; ``HangWatch`` is a small actor the workers' heartbeats (worker/heartbeat.py)
+call.
+
+Without it a rank stuck in a read or a kernel holds its peers in their next collective:
+on gloo until a health check happens to fail, on NCCL until the process group's timeout
+(10-30 min), and nothing says which rank or where. Time is kept by the actor's clock
+alone (when a rank's count last changed), so nodes' clocks never matter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+# Seconds the watch waits for the ranks' own stacks before asking py-spy on their node.
+STACKS_WAIT_S = 10.0
+
+
+@dataclass
+class WatchState:
+    """What the watch knows: each rank's last beat of the current worker group, and the
+    processes of ended groups (whose late beats are ignored)."""
+
+    timeout_s: float
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    retired: set = field(default_factory=set)
+    asking: bool = False  # stacks were asked for: the ranks answer at their next beat
+    stacks: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def beat(self, rank: int, pid: int, node: str, ip: str, step: int, progress: int, paused: bool,
+             now: float) -> Optional[str]:
+        if pid in self.retired:
+            return None
+        known = self.ranks.get(rank)
+        if known is not None and known["pid"] != pid:  # a new worker group: start afresh
+            self.retired |= {r["pid"] for r in self.ranks.values()}
+            self.ranks = {}
+            known = None
+        if known is None or known["progress"] != progress:
+            self.ranks[rank] = known = {"pid": pid, "node": node, "ip": ip, "step": step,
+                                        "progress": progress, "changed_at": now}
+        known.update(paused=paused, seen_at=now)
+        return "stacks" if self.asking and rank not in self.stacks else None
+
+    def stalled(self, now: float) -> Optional[dict[str, Any]]:
+        """{"step", "since_s"} when every rank has run a step and none has made progress
+        for ``timeout_s``; None while any rank is in a meant wait."""
+        ranks = list(self.ranks.values())
+        if not ranks or self.asking or any(r["progress"] == 0 or r.get("paused") for r in ranks):
+            return None
+        since = now - max(r["changed_at"] for r in ranks)
+        if since < self.timeout_s:
+            return None
+        return {"step": min(r["step"] for r in ranks), "since_s": since}
+
+    def retire(self) -> None:
+        """The group is being ended: forget it and ignore its processes from now on."""
+        self.retired |= {r["pid"] for r in self.ranks.values()}
+        self.ranks, self.stacks, self.asking = {}, {}, False
+
+
+class HangWatch:
+    """The actor around WatchState (made with ray.remote in HangMonitor)."""
+
+    def __init__(self, timeout_s: float):
+        self.state = WatchState(timeout_s)
+
+    def beat(self, rank, pid, node, ip, step, progress, paused):
+        return self.state.beat(rank, pid, node, ip, step, progress, paused, time.monotonic())
+
+    def stalled(self):
+        return self.state.stalled(time.monotonic())
+
+    def ask_for_stacks(self) -> dict[int, dict[str, Any]]:
+        self.state.asking = True
+        return {rank: dict(r) for rank, r in self.state.ranks.items()}
+
+    def put_stacks(self, rank, pid, text, waiting, where):
+        self.state.stacks[rank] = {"pid": pid, "text": text, "waiting": waiting, "where": where}
+
+    def stacks(self):
+        return self.state.stacks
+
+    def retire(self):
+        self.state.retire()
+
+
+class HangMonitor:
+    """The driver's side: a thread that polls the watch, and on a hang writes the stacks,
+    says the line, records the event and ends the group. ``hangs``: the events so far
+    (driver/events.py's fields; where the run restarted from is filled in later)."""
+
+    def __init__(self, timeout_s: float, store, run_path: str, echo: Callable[[str], None]):
+        import ray
+
+        self.timeout_s, self.store, self.run_path, self.echo = timeout_s, store, run_path, echo
+        self.hangs: list[dict[str, Any]] = []
+        self.actor = ray.remote(num_cpus=0)(HangWatch).remote(timeout_s) if timeout_s > 0 else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ray_ddp-hang-watch", daemon=True)
+        if self.actor is not None:
+            self._thread.start()
+
+    def take_hangs(self) -> list[dict[str, Any]]:
+        """The hangs declared since the last call."""
+        hangs, self.hangs = self.hangs, []
+        return hangs
+
+    def close(self) -> None:
+        import ray
+
+        self._stop.set()
+        if self.actor is not None:
+            self._thread.join(timeout=30)
+            ray.kill(self.actor)
+
+    def _run(self) -> None:
+        import ray
+
+        poll = min(5.0, max(0.5, self.timeout_s / 10))
+        while not self._stop.wait(poll):
+            try:
+                stall = ray.get(self.actor.stalled.remote(), timeout=30)
+                if stall is not None:
+                    self._handle(stall)
+            except Exception as err:  # the watch must never end a run it could not judge
+                self.echo(f"warning: the hang watch could not check the ranks ({type(err).__name__}: {err})")
+
+    def _handle(self, stall: dict[str, Any]) -> None:
+        import ray
+
+        ranks = ray.get(self.actor.ask_for_stacks.remote(), timeout=30)
+        deadline = time.monotonic() + STACKS_WAIT_S
+        stacks = {}
+        while time.monotonic() < deadline and len(stacks) < len(ranks):
+            time.sleep(0.5)
+            stacks = ray.get(self.actor.stacks.remote(), timeout=30)
+        for rank in set(ranks) - set(stacks):  # its heartbeat thread is stuck too: ask py-spy
+            text = ray.get(_dump_on_node(ranks[rank]), timeout=60)
+            stacks[rank] = {"text": text or "no stacks: the rank did not answer and py-spy could "
+                            "not attach\n", "waiting": False, "where": "its heartbeat stopped too"}
+        folder = f"{self.run_path}/hangs/{stall['step']}"
+        write_stacks(self.store.fs, folder, stacks)
+        event = hang_event(stall, ranks, stacks)
+        self.hangs.append(event)
+        self.echo(f"{event['cause']}; stacks in {folder}/; ending the worker group")
+        ray.get(self.actor.retire.remote(), timeout=30)
+        ray.get([_kill_on_node(r) for r in ranks.values()], timeout=60)
+
+
+def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, dict]) -> dict[str, Any]:
+    """The hang as an event (driver/events.py), its cause the one line to print."""
+    stuck = sorted(r for r in ranks if not stacks[r]["waiting"])
+    waiting = sorted(r for r in ranks if stacks[r]["waiting"])
+    head = f"no rank finished a step for {stall['since_s']:.0f} s after step {stall['step']}"
+    if stuck:
+        named = "; ".join(f"rank {r} on node {ranks[r]['ip'] or ranks[r]['node'][:12]} at {stacks[r]['where']}" for r in stuck)
+        cause = f"hang: {head}: not in a collective: {named}"
+    else:
+        cause = f"hang: {head}: every rank waits in a collective (a lost message, or a peer's device)"
+    if waiting and stuck:
+        cause += f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} in one"
+    first = stuck[0] if stuck else None
+    return {"type": "hang", "time": time.time(), "step": stall["step"], "rank": first,
+            "node": (ranks[first]["ip"] or ranks[first]["node"]) if first is not None else None, "cause": cause,
+            "from_checkpoint": None, "steps_lost": 0}
+
+
+def write_stacks(fs, folder: str, stacks: dict[int, dict[str, Any]]) -> None:
+    fs.create_dir(folder, recursive=True)
+    for rank, s in sorted(stacks.items()):
+        verdict = "waiting in a collective" if s["waiting"] else "NOT in a collective"
+        with fs.open_output_stream(f"{folder}/rank-{rank}.txt") as f:
+            f.write(f"rank {rank}: {verdict}, at {s['where']}\n{s['text']}".encode())
+
+
+def _on_node(node_id: str):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return lambda fn: ray.remote(num_cpus=0, max_retries=0)(fn).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+
+
+def _dump_on_node(rank: dict[str, Any]):
+    from ray_ddp.worker.heartbeat import py_spy_dump
+
+    return _on_node(rank["node"])(py_spy_dump).remote(rank["pid"])
+
+
+def _kill_on_node(rank: dict[str, Any]):
+    return _on_node(rank["node"])(_kill).remote(rank["pid"])
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL: a hung process may not run a handler (its main thread holds a collective)."""
+    import os
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,65 @@
+"""A rank that stops answering: the hang watch names it, keeps every rank's stacks,
+ends the worker group and the run goes on from its checkpoint; the same run records a
+--profile trace of steps 3-5 on every rank."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+
+import pytest
+
+from ray_ddp import TrainConfig, run
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def hung_run(ray_local, storage, tmp_path_factory):
+    """Rank 1 sleeps in its 15th forward (first life only), under --hang-timeout 10;
+    Ray's own health check would take minutes to notice a process that is alive."""
+    from user_models import hangs_on_rank_one
+
+    marker = tmp_path_factory.mktemp("hang") / "hung"
+    lines: list[str] = []
+    started = time.monotonic()
+    summary = run(TrainConfig(workers=2, epochs=2, steps_per_epoch=10, batch_size=16, report_every=5,
+                              max_failures=1, hang_timeout=10, profile="3-5", storage=str(storage),
+                              name="hung-rank", quiet=True),
+                  echo=lines.append, model=functools.partial(hangs_on_rank_one, str(marker), 15))
+    return summary, lines, time.monotonic() - started
+
+
+def test_a_hung_rank_is_named_and_the_run_restarts_from_its_checkpoint(hung_run, storage):
+    summary, lines, took = hung_run
+    assert summary.steps == 20 and summary.epochs_completed == 2
+    assert took < 150, f"the run took {took:.0f} s: the watch did not end the hung group"
+    [line] = [x for x in lines if x.startswith("hang:")]
+    assert "after step 14" in line and "not in a collective: rank 1 on node 127.0.0.1 at user_models.py:" in line, line
+    assert "in forward" in line and "rank 0 waits in one" in line, line
+    assert f"stacks in {storage}/hung-rank/hangs/14/" in line, line
+    [event] = [e for e in summary.events if e["type"] == "hang"]
+    assert (event["rank"], event["node"], event["step"]) == (1, "127.0.0.1", 14)
+    assert (event["from_checkpoint"], event["steps_lost"]) == ("step-00000010", 4)
+    assert not [e for e in summary.events if e["type"] == "failure"], summary.events
+    status = json.loads((storage / "hung-rank" / "status.json").read_text())
+    assert status["events"] == summary.events
+
+
+def test_the_hung_ranks_stack_shows_the_sleeping_frame(hung_run, storage):
+    folder = storage / "hung-rank" / "hangs" / "14"
+    hung, waiting = (folder / "rank-1.txt").read_text(), (folder / "rank-0.txt").read_text()
+    assert hung.startswith("rank 1: NOT in a collective, at user_models.py:") and "time.sleep(3600)" in hung
+    assert waiting.startswith("rank 0: waiting in a collective") and "backward" in waiting
+
+
+def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(hung_run, storage):
+    summary, _, _ = hung_run
+    assert summary.profile == f"{storage}/hung-rank/profile"
+    for rank in (0, 1):
+        trace = json.loads((storage / "hung-rank" / "profile" / f"rank-{rank}.pt.trace.json").read_text())
+        names = {e.get("name", "") for e in trace["traceEvents"]}
+        steps = {n for n in names if n.startswith("ProfilerStep#")}
+        assert len(steps) == 3, steps  # steps 3, 4 and 5, each marked
+        assert any("addmm" in n for n in names) and any("allreduce" in n.lower() for n in names)

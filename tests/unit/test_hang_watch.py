@@ -1,0 +1,112 @@
+"""The hang watch's rules, without Ray: when a run counts as hung, which ranks a stack
+says wait in a collective, and how a hang is told once Ray Train restarted the group."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+
+from ray_ddp.config.checks import parse_profile_steps
+from ray_ddp.driver.events import attribute_hangs
+from ray_ddp.driver.hangs import WatchState, hang_event
+from ray_ddp.errors import ConfigError
+from ray_ddp.worker.heartbeat import capture_stacks, classify_frame
+
+
+def _beat(w, rank, progress, now, pid=None, paused=False, step=None):
+    return w.beat(rank, pid or 100 + rank, "node", "10.0.0.7", step if step is not None else progress,
+                  progress, paused, now)
+
+
+def test_a_run_is_hung_only_when_no_rank_progressed_for_the_timeout():
+    w = WatchState(timeout_s=10)
+    _beat(w, 0, 0, now=0)
+    _beat(w, 1, 0, now=0)
+    assert w.stalled(100) is None  # before the first step: start-up is not watched
+    _beat(w, 0, 5, now=1)
+    _beat(w, 1, 4, now=2)
+    assert w.stalled(11) is None  # rank 1 moved 9 s ago
+    _beat(w, 0, 5, now=13)  # the same count: no progress
+    assert w.stalled(12.5) == {"step": 4, "since_s": 10.5}  # the step every rank finished
+
+
+def test_a_meant_wait_and_a_new_worker_group_are_not_hangs():
+    w = WatchState(timeout_s=10)
+    _beat(w, 0, 3, now=0)
+    _beat(w, 1, 3, now=0, paused=True)  # waiting for a preemption's deadline
+    assert w.stalled(60) is None
+    _beat(w, 1, 0, now=61, pid=999)  # a restarted group: the old ranks are forgotten
+    assert set(w.ranks) == {1} and w.stalled(200) is None
+    assert _beat(w, 0, 9, now=201) is None and 0 not in w.ranks  # the old rank 0's late beat is ignored
+
+
+def test_ranks_are_asked_for_their_stacks_once():
+    w = WatchState(timeout_s=1)
+    _beat(w, 0, 1, now=0)
+    w.asking = True
+    assert _beat(w, 0, 1, now=1) == "stacks"
+    w.stacks[0] = {"waiting": True}
+    assert _beat(w, 0, 1, now=2) is None
+    w.retire()
+    assert _beat(w, 0, 1, now=3) is None and not w.ranks
+
+
+def test_a_stack_in_a_sleep_is_not_a_collective_and_one_in_torch_distributed_is():
+    started, release = threading.Event(), threading.Event()
+
+    def user_code():
+        started.set()
+        release.wait(30)
+
+    t = threading.Thread(target=user_code)
+    t.start()
+    started.wait(10)
+    time.sleep(0.1)
+    text, waiting, where = capture_stacks(t.ident)
+    release.set()
+    t.join()
+    # the innermost frame outside the standard library is this file's user_code
+    assert not waiting and where.startswith("test_hang_watch.py:") and where.endswith("in user_code")
+    assert "release.wait(30)" in text
+
+    class Code:
+        co_filename, co_name = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "all_reduce"
+
+    class Frame:
+        f_code, f_lineno, f_back = Code, 2800, None
+
+    assert classify_frame(Frame) == (True, "distributed_c10d.py:2800 in all_reduce")
+
+
+def test_the_hang_line_names_the_ranks_outside_a_collective():
+    ranks = {0: {"node": "n0", "ip": "10.0.0.7"}, 1: {"node": "n1", "ip": "10.0.0.8"}}
+    stacks = {0: {"waiting": True, "where": "graph.py:1 in _engine_run_backward"},
+              1: {"waiting": False, "where": "reader.py:12 in read"}}
+    event = hang_event({"step": 14, "since_s": 20.4}, ranks, stacks)
+    assert event["cause"] == ("hang: no rank finished a step for 20 s after step 14: not in a "
+                              "collective: rank 1 on node 10.0.0.8 at reader.py:12 in read; rank 0 waits in one")
+    assert (event["type"], event["rank"], event["node"], event["step"]) == ("hang", 1, "10.0.0.8", 14)
+
+
+def test_a_restart_after_a_hang_is_told_as_the_hang():
+    hang = {"type": "hang", "time": 10.0, "step": 14, "rank": 1, "node": "10.0.0.8", "cause": "hang: x",
+            "from_checkpoint": None, "steps_lost": 0}
+    restart = {"type": "failure", "time": 30.0, "step": 10, "rank": None, "node": None, "cause": "restarted",
+               "from_checkpoint": "step-00000010", "steps_lost": 0}
+    told, pending = attribute_hangs([restart], [hang])
+    assert pending == [] and told == [{**hang, "from_checkpoint": "step-00000010", "steps_lost": 4}]
+    told, pending = attribute_hangs([], [hang])  # the run stopped there: the driver tells it
+    assert told == [] and pending == [hang]
+
+
+@pytest.mark.parametrize("spec", ["5", "0-3", "7-6", "a-b", "3-"])
+def test_profile_takes_a_range_of_steps(spec):
+    with pytest.raises(ConfigError, match="--profile takes START-END"):
+        parse_profile_steps(spec)
+
+
+def test_profile_ranges_parse():
+    assert parse_profile_steps("10-15") == (10, 15) and parse_profile_steps("4-4") == (4, 4)
