@@ -28,6 +28,7 @@ class WorkerPlan:
     init_from: Optional[str] = None  # a new run's first weights (--init-from)
     init_strict: bool = True
     hang_watch: Any = None  # the driver's HangWatch actor (--hang-timeout), or None: off
+    ray_data: Any = None  # a RayDataConfig when a set is read through Ray Data (data/ray_data.py)
 
     def load_objects(self) -> dict[str, Any]:
         from ray import cloudpickle

@@ -7,6 +7,7 @@ options alone decide (``validate_config``), what the Python API's objects add
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,11 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"--report-interval must be 0 or more seconds, got {cfg.report_interval}")
     if not math.isfinite(cfg.wait_for_resources) or cfg.wait_for_resources < 0:
         raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {cfg.wait_for_resources}")
+    if cfg.ray_data:
+        _check_ray_data(cfg)
+    if cfg.loader_workers is not None and cfg.loader_workers < 0:
+        raise ConfigError(f"--loader-workers must be 0 (read in the training thread) or more, "
+                          f"got {cfg.loader_workers}")
     if not math.isfinite(cfg.hang_timeout) or cfg.hang_timeout < 0:
         raise ConfigError(f"--hang-timeout must be 0 (off) or more seconds, got {cfg.hang_timeout}")
     if cfg.profile is not None:
@@ -209,3 +215,19 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
         raise ConfigError(f"--profile takes START-END, two step numbers with 1 <= START <= END "
                           f"(e.g. 10-15), got {spec!r}")
     return first, last
+
+
+def _check_ray_data(cfg: TrainConfig) -> None:
+    """--ray-data reads parquet: a path, not synthetic rows, text or a Dataset."""
+    from ray_ddp.data.text import is_text
+
+    for path, flag in ((cfg.data, "--data"), (cfg.val_data, "--val-data")):
+        if path is not None and (path == "synthetic" or is_text(path) or
+                                 (os.path.isfile(path) and not path.endswith(".parquet"))):
+            raise ConfigError(f"--ray-data reads parquet through Ray Data; {flag} {path} is not a "
+                              "parquet file or folder (drop --ray-data, or give parquet)")
+    for given, flag in ((cfg.stream, "--stream"), (cfg.dataset, "--dataset")):
+        if given:
+            raise ConfigError(f"--ray-data and {flag} are two ways of reading data; pick one")
+    if cfg.val_fraction:
+        raise ConfigError("--val-fraction splits rows held in memory; with --ray-data give --val-data")

@@ -61,12 +61,20 @@ class TrainConfig:
     target: Optional[str] = _opt("target columns of --data, COL[,COL...]; default: t0, t1, ... "
                                  "(--task lm: none, the targets are the inputs shifted by one token)",
                                  default=None)
+    ray_data: bool = _opt("read --data (and --val-data) parquet through Ray Data (ray.data.read_parquet, "
+                          "split over the workers by Ray Train: docs/data.md#ray-data) instead of "
+                          "loading it into each worker's memory", default=False)
     stream: bool = _opt("read --data one row group at a time instead of loading it into each "
                         "worker's memory (for data larger than memory): row groups in a seeded "
                         "order, rows shuffled within them, a contiguous part per rank", default=False)
     dataset: Optional[str] = _opt("a user's map-style torch Dataset of (input, target) pairs: "
                                   "package.module:callable; sharded like --data's rows",
                                   default=None)
+    loader_workers: Optional[int] = _opt(
+        "DataLoader worker processes per training worker for a Dataset (--dataset, train_data=, "
+        "val_data=): items read and collated ahead of the step, into pinned memory on GPU, the "
+        "rows still exactly the rank's (0: read in the training thread); default: the "
+        "worker's CPUs less one, at most 8 (so 0 with one CPU per worker)", default=None)
     val_data: Optional[str] = _opt("validation data: a parquet file / folder (or text, with --task "
                                    "lm), read like --data", default=None)
     val_fraction: float = _opt("hold out this fraction of --data / --dataset rows for validation "
@@ -209,6 +217,13 @@ class TrainConfig:
         "record a torch.profiler trace of steps START-END (e.g. 10-15; the run's global step "
         "numbers, 1 is the first) on every rank, as Chrome/Perfetto JSON under <run>/profile/ "
         "(TensorBoard's profiler plugin reads the same files)", default=None)
+    mlflow: Optional[str] = _opt(
+        "also track the run in MLflow at this tracking URI (http://HOST:PORT, or a sqlite:/// "
+        "store): the resolved config as params, every metrics window and validation by step, "
+        "the events, the summary and the final model.pt as an artifact (local storage); the "
+        "MLflow run is named after the run, and a resume continues it; needs ray_ddp[mlflow]",
+        default=None)
+    mlflow_experiment: str = _opt("the MLflow experiment of --mlflow runs", default="ray_ddp")
     tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "
                              "(local storage)", default=False)
     # --- output ---

@@ -28,6 +28,12 @@ class DataShapeConfig:
     val_rows: int = 0
     # a batch of the first item (inputs, targets), for the driver's output-shape check
     example: Any = field(default=None, compare=False, repr=False)
+    # the checked columns (a TableConfig) of parquet or a Ray Dataset: what Ray Data's
+    # batches are converted by on the workers; and the validation set's
+    table: Any = field(default=None, compare=False, repr=False)
+    val_table: Any = field(default=None, compare=False, repr=False)
+    # a validation Ray Dataset, materialized once (data/ray_data.py: read every epoch)
+    val_dataset: Any = field(default=None, compare=False, repr=False)
 
     @property
     def hands_labels(self) -> bool:
@@ -40,6 +46,8 @@ class DataShapeConfig:
 
 def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None) -> Optional[DataShapeConfig]:
     """Check the training and validation data; None for synthetic regression data."""
+    from ray_ddp.data.ray_data import is_ray_dataset
+
     shape = _inspect_training(cfg, train_data)
     if shape is None:
         if cfg.task not in (None, "regression"):
@@ -51,12 +59,19 @@ def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None)
         synthetic = True
     else:
         synthetic = False
-    val_rows = _inspect_validation(cfg, shape, val_data)
-    shape = dataclasses.replace(shape, val_rows=val_rows)
+    if is_ray_dataset(val_data):  # read every epoch by every rank: its pipeline runs once, here
+        val_data = val_data.materialize()
+    val_rows, val_table = _inspect_validation(cfg, shape, val_data)
+    shape = dataclasses.replace(shape, val_rows=val_rows, val_table=val_table,
+                                val_dataset=val_data if is_ray_dataset(val_data) else None)
     return None if synthetic and not val_rows else shape
 
 
 def _inspect_training(cfg: TrainConfig, train_data: Any) -> Optional[DataShapeConfig]:
+    from ray_ddp.data.ray_data import dataset_table, is_ray_dataset
+
+    if is_ray_dataset(train_data):
+        return _shape_of_table(cfg, dataset_table(cfg, train_data, "train_data="))
     if train_data is not None or cfg.dataset is not None:
         from ray_ddp.data.user import check_dataset, load_user_dataset
 
@@ -86,17 +101,24 @@ def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
     table = inspect_table(path, cfg.features, cfg.target, task, stream=cfg.stream,
                           num_classes=cfg.num_classes,
                           vocab_size=cfg.vocab_size if cfg.model == "gpt" else None)
+    return _shape_of_table(cfg, table)
+
+
+def _shape_of_table(cfg: TrainConfig, table) -> DataShapeConfig:
+    """What a checked table (parquet footers, or a Ray Dataset's schema) decides."""
+    path = table.path
     if table.task == "lm":
         if table.input_dim < cfg.seq_len + 1:
             raise ConfigError(f"--data {path}: the shortest sequence has {table.input_dim} tokens; "
                               f"--seq-len {cfg.seq_len} needs {cfg.seq_len + 1}; lower --seq-len")
-        return DataShapeConfig(table.rows, cfg.seq_len, table.num_classes, "lm", table.num_classes)
+        return DataShapeConfig(table.rows, cfg.seq_len, table.num_classes, "lm", table.num_classes, table=table)
     classes = cfg.num_classes or table.num_classes
     if table.task == "classification" and cfg.num_classes and cfg.num_classes < table.num_classes:
         raise ConfigError(f"--data {path} has labels up to {table.num_classes - 1}, more than "
                           f"--num-classes {cfg.num_classes} allows; raise --num-classes")
     out = classes if table.task == "classification" else table.output_dim
-    return DataShapeConfig(table.rows, table.input_dim, out, table.task, classes)
+    return DataShapeConfig(table.rows, table.input_dim, out, table.task, classes,
+                           table=dataclasses.replace(table, num_classes=classes))
 
 
 def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
@@ -146,24 +168,35 @@ def _example_batch(ds) -> Any:
     return as_float32(x), as_float32(y)
 
 
-def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> int:
+def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> tuple[int, Any]:
+    """The validation rows, and their checked columns where a table holds them."""
+    from ray_ddp.data.ray_data import dataset_table, is_ray_dataset
+
+    if is_ray_dataset(val_data):
+        val = _shape_of_table(cfg, dataset_table(dataclasses.replace(cfg, task=shape.task), val_data, "val_data="))
+        _check_val_matches(val, shape, "val_data=")
+        return val.rows, val.table
     if val_data is not None:
         from ray_ddp.data.user import check_dataset
 
-        return len(check_dataset(val_data, "val_data="))
+        return len(check_dataset(val_data, "val_data=")), None
     if cfg.val_data is not None:
         val = _table_shape(dataclasses.replace(cfg, task=shape.task), cfg.val_data)
-        if (val.input_dim, val.task) != (shape.input_dim, shape.task):
-            raise ConfigError(f"--val-data {cfg.val_data} does not match the training data "
-                              f"({val.task} with {val.input_dim} inputs, the training data is "
-                              f"{shape.task} with {shape.input_dim}); give validation rows of the same columns")
-        return val.rows
+        _check_val_matches(val, shape, f"--val-data {cfg.val_data}")
+        return val.rows, val.table
     if cfg.val_fraction:
         held = max(1, round(cfg.val_fraction * shape.rows))
         if held >= shape.rows:
             raise ConfigError(f"--val-fraction {cfg.val_fraction} of {shape.rows} rows leaves none to train on")
-        return held
-    return 0
+        return held, None
+    return 0, None
+
+
+def _check_val_matches(val: DataShapeConfig, shape: DataShapeConfig, where: str) -> None:
+    if (val.input_dim, val.task) != (shape.input_dim, shape.task):
+        raise ConfigError(f"{where} does not match the training data "
+                          f"({val.task} with {val.input_dim} inputs, the training data is "
+                          f"{shape.task} with {shape.input_dim}); give validation rows of the same columns")
 
 
 def fit_batch_to(cfg: TrainConfig, max_workers: int, given_global_batch: Optional[int]) -> TrainConfig:

@@ -24,11 +24,13 @@ from ray_ddp.errors import TrainingError
 
 def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
                     start: StartState, objects: dict[str, Any], echo: Callable[[str], None], *,
-                    init_from: Optional[str] = None, model_loss: bool = False) -> None:
+                    init_from: Optional[str] = None, model_loss: bool = False, tracking=None,
+                    ray_inputs=None) -> None:
     """TorchTrainer.fit() with progress shown, and status.json telling where it stands;
     started again from the newest checkpoint when ``failures`` says the run goes on.
     ``init_from``: a new run's first weights; ``model_loss``: batches hand the model its
-    labels (WorkerPlan)."""
+    labels (WorkerPlan); ``tracking``: --mlflow's run; ``ray_inputs``: the trainer's Ray
+    Datasets, their DataConfig and the workers' RayDataConfig (data/ray_data.py)."""
     run_path = store.run_path(cfg.name)
     scan = start.scan
     restarts = RestartState()
@@ -43,8 +45,9 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
                 try:
                     with show_progress(store, run_path, echo, enabled=not cfg.quiet), \
                             train_controller_env(nccl_hang_env(placement.backend, cfg.hang_timeout)):
-                        _fit(cfg, store, placement, plan_workers(cfg, scan, objects, init_from, model_loss,
-                                                                 monitor.actor), objects)
+                        plan = plan_workers(cfg, scan, objects, init_from, model_loss, monitor.actor,
+                                            ray_inputs[2] if ray_inputs else None)
+                        _fit(cfg, store, placement, plan, objects, tracking, ray_inputs)
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
                     told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())
                     events.extend(told)
@@ -101,7 +104,7 @@ def controller_events(store: StorageConfig, run_path: str) -> list[dict[str, Any
 
 def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any],
                  init_from: Optional[str] = None, model_loss: bool = False,
-                 hang_watch: Any = None) -> WorkerPlan:
+                 hang_watch: Any = None, ray_data: Any = None) -> WorkerPlan:
     """All a worker receives: the resolved config, where to resume, where the run ends,
     and the Python API's objects, pickled here (Ray Train's controller only hands them
     on, and could not import a user's module that only the workers' PYTHONPATH holds)."""
@@ -113,7 +116,7 @@ def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]
                       model_loss=model_loss,
                       # only before this run's first checkpoint: a restart resumes it instead
                       init_from=init_from if scan.latest is None else None, init_strict=cfg.init_strict,
-                      hang_watch=hang_watch)
+                      hang_watch=hang_watch, ray_data=ray_data)
 
 
 def _decide_restart(err: "TrainingError", restarts: RestartState, cfg: TrainConfig,
@@ -140,7 +143,7 @@ def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:
 
 
 def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
-         plan: WorkerPlan, objects: dict[str, Any]) -> None:
+         plan: WorkerPlan, objects: dict[str, Any], tracking=None, ray_inputs=None) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -150,6 +153,7 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=plan,
+        **({"datasets": ray_inputs[0], "dataset_config": ray_inputs[1]} if ray_inputs else {}),
         # on NCCL a hung collective would wait for the process group's timeout (30 min by
         # default): the hang watch acts first and the timeout still bounds a hang it missed
         torch_config=TorchConfig(backend=placement.backend, **(
@@ -169,7 +173,8 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
             failure_config=FailureConfig(max_failures=cfg.max_failures or 0,
                                          max_preemption_failures=cfg.max_preemptions),
             callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps,
-                                       tensorboard=cfg.tensorboard, keep=cfg.keep, keep_best=cfg.keep_best)],
+                                       tensorboard=cfg.tensorboard, keep=cfg.keep, keep_best=cfg.keep_best,
+                                       tracking=tracking)],
             worker_runtime_env=worker_runtime_env(cfg, [v for v in objects.values() if v is not None]),
         ),
     )

@@ -43,7 +43,9 @@ def format_straggler(s: dict[str, Any]) -> str:
 
 
 def format_event(e: dict[str, Any]) -> str:
-    """A worker-group restart Ray Train made itself, as one line."""
+    """A worker-group restart Ray Train made itself, or a resize, as one line."""
+    if e["type"] == "resize":
+        return f"resize after step {e['step']}: {e['cause']}"
     redo = e.get("steps_lost") or 0
     return (f"{e['type']} after step {e['step']}: {e['cause']}; restarted from {e['from_checkpoint']}"
             + (f": {redo} step{'s' if redo != 1 else ''} to redo" if redo else ""))
@@ -106,7 +108,9 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     last_time = seen["time"] if seen else None
     warned: set[tuple[int, int]] = set()
     told = len(seen.get("preemptions") or []) if seen else 0  # preemptions already printed
-    told_restarts = [len(seen.get("events") or []) if seen else 0]  # Ray Train's restarts, printed
+    # Ray Train's restarts and resizes already printed (a new controller starts its list
+    # afresh, so they are told apart by their time, not counted)
+    told_events = {(e["type"], e["time"]) for e in (seen.get("events") or [] if seen else [])}
     stop = threading.Event()
 
     def show_new() -> None:
@@ -128,12 +132,10 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
         for event in events[told:]:
             (bar.write if bar else echo)(format_preemption(event))
         told = len(events)
-        restarts = p.get("events") or []
-        if len(restarts) < told_restarts[0]:  # a new controller starts its list afresh
-            told_restarts[0] = 0
-        for event in restarts[told_restarts[0]:]:
-            (bar.write if bar else echo)(format_event(event))
-        told_restarts[0] = len(restarts)
+        for event in p.get("events") or []:
+            if (event["type"], event["time"]) not in told_events:
+                told_events.add((event["type"], event["time"]))
+                (bar.write if bar else echo)(format_event(event))
         if bar is not None:
             bar.show(p)
         else:

@@ -18,12 +18,15 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
 from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.data.ray_data import is_ray_dataset, plan_ray_data
 from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
 from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.start import StartState, find_start
+from ray_ddp.driver.status import read_events
 from ray_ddp.driver.summary import RunSummary, write_summary
+from ray_ddp.driver.tracking import check_tracking, close_run_tracking, open_run_tracking
 
 
 def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = None,
@@ -46,6 +49,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
                       data_shape)  # redone below for the world size the cluster gives
     check_model(cfg, model, data_shape.example if data_shape is not None and loss is None else None,
                 more_checks=[functools.partial(check_fsdp_wrap, cfg)] if cfg.strategy == "fsdp" else [])
+    check_tracking(cfg)  # an unreachable MLflow server: one line before Ray starts
     store = open_storage(cfg)
     start = find_start(cfg, store, data_shape, echo)
     init_from = cfg.init_from if start.resumed_from is None else None
@@ -71,11 +75,23 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         marks["ray"] = time.time()
         cfg, placement = place_workers(cfg, cluster, data_shape, given_batch, echo)
         announce(cfg, placement, start, store, echo)
+        tracking = open_run_tracking(cfg)
+        ray_inputs = plan_ray_data(cfg, data_shape, train_data, val_data)  # Ray Datasets go to the trainer
         marks["fit"] = time.time()
-        fit_with_status(cfg, store, placement, start, objects, echo, init_from=init_from,
-                        model_loss=data_shape is not None and data_shape.hands_labels and loss is None)
+        try:
+            fit_with_status(cfg, store, placement, start,
+                            {k: None if is_ray_dataset(v) else v for k, v in objects.items()}, echo,
+                            init_from=init_from,
+                            model_loss=data_shape is not None and data_shape.hands_labels and loss is None,
+                            tracking=tracking, ray_inputs=ray_inputs)
+        except BaseException as err:
+            close_run_tracking(tracking, store, cfg, None, read_events(store, store.run_path(cfg.name)),
+                               "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", echo)
+            raise
         marks["fitted"] = time.time()  # the last step's report and checkpoint are done
-    return write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
+    summary = write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
+    close_run_tracking(tracking, store, cfg, summary.to_dict(), summary.events or [], "FINISHED", echo)
+    return summary
 
 
 def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:

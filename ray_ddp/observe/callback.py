@@ -21,7 +21,7 @@ class MetricsCallback(UserCallback):
     """Collects every rank's report into the run's metrics table and progress file."""
 
     def __init__(self, storage: str, name: str, epochs: int, total_steps: int,
-                 tensorboard: bool = False, keep: int = 0, keep_best: bool = False):
+                 tensorboard: bool = False, keep: int = 0, keep_best: bool = False, tracking=None):
         self.storage, self.name = storage, name
         self.total_steps = total_steps
         self.epochs = epochs
@@ -35,6 +35,8 @@ class MetricsCallback(UserCallback):
         self._last_step: Optional[int] = None  # the last step reported in this fit
         self._last_checkpoint: Optional[tuple[str, int]] = None  # (its folder, its step)
         self._tb = None
+        self.tracking = tracking  # --mlflow's MlflowConfig; None once the server failed
+        self._tracking_failed = False
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         store = resolve_storage(self.storage)
@@ -48,6 +50,7 @@ class MetricsCallback(UserCallback):
         first_step = int(windows[0][0]["step"])
         self._note_restart(windows[0])
         self._rows = [r for r in self._rows if r["step"] < first_step]
+        self._note_resize(windows[0])
         self._evals = [r for r in self._evals if r["step"] < first_step]
         straggler = None
         for window in windows:
@@ -55,6 +58,7 @@ class MetricsCallback(UserCallback):
             if "val_loss" in window[0]:
                 self._evals.append(eval_row(window[0]))
             straggler = self._stragglers.update(window)
+            self._track(window)
         progress = summarize_report(
             windows[-1], self.epochs, self.total_steps,
             checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
@@ -66,6 +70,7 @@ class MetricsCallback(UserCallback):
             self._preemptions.append(describe_preemption(windows[-1][0], progress["checkpoint"]))
         progress["preemptions"] = self._preemptions
         progress["events"] = self._events  # restarts Ray Train made itself (--max-failures)
+        progress["mlflow_failed"] = self._tracking_failed
         self._last_step = int(windows[-1][0]["step"])
         # where each rank runs: the driver names the rank and node of a failure with it
         progress["nodes"] = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
@@ -98,6 +103,33 @@ class MetricsCallback(UserCallback):
             "cause": ("Ray Train restarted the workers at the preemption's deadline" if preempted else
                       "Ray Train restarted the worker group (within --max-failures)"),
             "from_checkpoint": name, "steps_lost": max(0, self._last_step - at)})
+
+    def _note_resize(self, first_window: list[dict[str, Any]]) -> None:
+        """Record a resize when a new worker group runs at another world size than the rows
+        before it (Ray Train's elastic restart, or the driver's restart of an elastic run):
+        said by the driver as it happens, found again in the table at the end."""
+        if not self._rows or not any(m.get("started_at") is not None for m in first_window):
+            return
+        last = max(r["step"] for r in self._rows)
+        before = sum(1 for r in self._rows if r["step"] == last)
+        after = len(first_window)
+        if before != after:
+            self._events.append({"type": "resize", "time": time.time(), "step": int(last), "rank": None,
+                                 "node": None, "cause": f"world size {before} -> {after}",
+                                 "from_checkpoint": None, "steps_lost": 0})
+
+    def _track(self, window: list[dict[str, Any]]) -> None:
+        """--mlflow: the window over every rank as MLflow metrics at its step; on the
+        server's first failure, stop (the driver warns; metrics.parquet holds them all)."""
+        if self.tracking is None:
+            return
+        from ray_ddp.observe.mlflow_tracking import log_window
+
+        report = summarize_report(window, self.epochs, self.total_steps, checkpoint=None)
+        metrics = {k: report.get(k) for k in ("loss", "samples_per_s", "accuracy", "perplexity", "val_loss",
+                                              "val_accuracy", "val_perplexity")}
+        if not log_window(self.tracking, report["step"], {**metrics, "lr": window[0].get("lr")}):
+            self.tracking, self._tracking_failed = None, True
 
     def after_exception(self, run_context, worker_exceptions) -> None:
         self._close_tensorboard()

@@ -64,7 +64,7 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
     loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
     task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
                       model_loss=plan.model_loss)
-    source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects)
+    source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects, plan.ray_data)
     heartbeat = Heartbeat(plan.hang_watch, rank, ray.get_runtime_context().get_node_id(),
                           ray.util.get_node_ip_address(), min(5.0, max(0.5, cfg.hang_timeout / 10)))
     run = WorkerRun(cfg, rank, world_size, parts, task, source, val_set, state, plan.total_steps,

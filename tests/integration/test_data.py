@@ -105,7 +105,21 @@ def resized(ray_local, storage, same_rows_as_parquet, unresized):
         return summary
 
     threads = {path: run_in_thread(None, lambda path=path: chain(path)) for path in PATHS}
+    # alongside: the reference run's Dataset read by 2 DataLoader processes per rank
+    threads["loader"] = run_in_thread(small(storage, "user-dataset-loader", dataset="user_data:regression",
+                                            batch_size=50, warmup_steps=0, loader_workers=2))
     return {path: summary_of(*started) for path, started in threads.items()}
+
+
+def test_loader_workers_read_exactly_the_rows_of_the_training_thread(resized, unresized):
+    """--loader-workers 2: the same rows in the same steps, so the very same weights."""
+    import torch
+
+    loaded = resized["loader"]
+    assert loaded.steps == unresized.steps
+    weights, reference = model_weights(loaded), model_weights(unresized)
+    assert all(torch.equal(weights[k], reference[k]) for k in reference)
+    assert [r["loss"] for r in rows_of(loaded)] == [r["loss"] for r in rows_of(unresized)]
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -1,6 +1,7 @@
 """A rank that stops answering: the hang watch names it, keeps every rank's stacks,
-ends the worker group and the run goes on from its checkpoint; the same run records a
---profile trace of steps 3-5 on every rank."""
+ends the worker group and the run goes on from its checkpoint. The same run (one run
+is cheaper than three on two cores) records a --profile trace of steps 3-5 on every
+rank and is tracked in a real MLflow server, then resumed for one more epoch."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def hung_run(ray_local, storage, tmp_path_factory):
+def mlflow_uri(tmp_path_factory):
+    from mlflow_server import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def hung_run(ray_local, storage, tmp_path_factory, mlflow_uri):
     """Rank 1 sleeps in its 15th forward (first life only), under --hang-timeout 10;
     Ray's own health check would take minutes to notice a process that is alive."""
     from user_models import hangs_on_rank_one
@@ -25,7 +34,8 @@ def hung_run(ray_local, storage, tmp_path_factory):
     lines: list[str] = []
     started = time.monotonic()
     summary = run(TrainConfig(workers=2, epochs=2, steps_per_epoch=10, batch_size=16, report_every=5,
-                              max_failures=1, hang_timeout=10, profile="3-5", storage=str(storage),
+                              max_failures=1, hang_timeout=10, profile="3-5", mlflow=mlflow_uri,
+                              storage=str(storage),
                               name="hung-rank", quiet=True),
                   echo=lines.append, model=functools.partial(hangs_on_rank_one, str(marker), 15))
     return summary, lines, time.monotonic() - started
@@ -63,3 +73,31 @@ def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(hung_run, stor
         steps = {n for n in names if n.startswith("ProfilerStep#")}
         assert len(steps) == 3, steps  # steps 3, 4 and 5, each marked
         assert any("addmm" in n for n in names) and any("allreduce" in n.lower() for n in names)
+
+
+def test_mlflow_holds_the_run_and_a_resume_continues_it(hung_run, storage, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+    from user_models import hangs_on_rank_one
+
+    summary, _, _ = hung_run
+    marker = storage / "hung-rank-marker"
+    marker.touch()  # no hang this time
+    resumed = run(TrainConfig(workers=2, epochs=3, steps_per_epoch=10, batch_size=16, report_every=5,
+                              max_failures=1, hang_timeout=10, mlflow=mlflow_uri, storage=str(storage),
+                              name="hung-rank", quiet=True),
+                  model=functools.partial(hangs_on_rank_one, str(marker), 15))
+    assert resumed.steps == 30 and resumed.resumed_from.endswith("step-00000020")
+    client = MlflowClient(mlflow_uri)
+    [exp] = [e for e in client.search_experiments() if e.name == "ray_ddp"]
+    [mlrun] = client.search_runs([exp.experiment_id])  # one MLflow run for both commands
+    assert mlrun.info.run_name == "hung-rank" and mlrun.info.status == "FINISHED"
+    assert mlrun.data.params["workers"] == "2" and mlrun.data.params["hang_timeout"] == "10"
+    assert mlrun.data.tags["ray_ddp.param_changed.epochs"] == "was 2, now 3"
+    loss = client.get_metric_history(mlrun.info.run_id, "loss")
+    assert {m.step for m in loss} == {5, 10, 15, 20, 25, 30}  # every window, both commands
+    rows = [r for r in json.loads((storage / "hung-rank" / "summary.json").read_text())["events"]]
+    assert [e["type"] for e in json.loads(mlrun.data.tags["ray_ddp.events"])] == [e["type"] for e in rows]
+    assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "events.hang")] == [14]
+    assert client.get_metric_history(mlrun.info.run_id, "summary.final_loss")[-1].value == \
+        pytest.approx(resumed.final_loss)
+    assert [a.path for a in client.list_artifacts(mlrun.info.run_id, "model")] == ["model/model.pt"]

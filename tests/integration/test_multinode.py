@@ -275,6 +275,11 @@ def test_a_preempted_node_gets_a_checkpoint_at_once_and_the_run_goes_on_without_
     assert b["world_sizes"][2:] == [{"world_size": 2, "from_step": 2 * STEPS, "to_step": step},
                                     {"world_size": 1, "from_step": step, "to_step": 4 * STEPS}]
     assert [(p["step"], p["node_id"]) for p in b["preemptions"]] == [(step, story["b_node"])]
+    # each change of world size was said as it happened, and recorded
+    assert f"resize after step {2 * STEPS}: world size 1 -> 2" in out, out
+    assert f"resize after step {step}: world size 2 -> 1" in out, out
+    assert [(e["step"], e["cause"]) for e in b["events"] if e["type"] == "resize"][-2:] == \
+        [(2 * STEPS, "world size 1 -> 2"), (step, "world size 2 -> 1")], b["events"]
     # its death before the deadline is recorded as a preemption event, not a failure
     assert [e["type"] for e in b["events"] if e["type"] != "resize"][-1:] == ["preemption"], b["events"]
     assert not [e for e in b["events"] if e["type"] == "failure" and e["step"] > 2 * STEPS]

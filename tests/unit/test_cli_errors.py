@@ -75,6 +75,11 @@ CASES = {
                                "--fsdp-wrap torch.Tensor is not an nn.Module class"),
     "negative hang timeout": (["--hang-timeout", "-1"], "--hang-timeout must be 0 (off) or more seconds"),
     "profile of one number": (["--profile", "5"], "--profile takes START-END"),
+    "ray data of synthetic rows": (["--ray-data"], "--ray-data reads parquet through Ray Data; --data synthetic"),
+    "ray data of text": (["--ray-data", "--data", "{tmp}/book.txt"], "is not a parquet file or folder"),
+    "ray data with stream": (["--ray-data", "--data", "{tmp}/rows", "--stream"], "--ray-data and --stream"),
+    "negative loader workers": (["--loader-workers", "-1"], "--loader-workers must be 0"),
+    "unreachable mlflow": (["--mlflow", "http://127.0.0.1:9"], "--mlflow http://127.0.0.1:9 cannot be reached"),
 }
 
 

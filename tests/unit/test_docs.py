@@ -39,6 +39,7 @@ OTHER_TOOLS_FLAGS = {
     "torchrun": {"--nproc-per-node", "--standalone", "--tee", "--max-restarts"},
     "kubectl create secret": {"--from-literal"},
     "tensorboard": {"--logdir"},
+    "mlflow server": {"--backend-store-uri", "--host", "--port"},
     "examples/torchrun_script.py, the launch example": {"--steps", "--out", "--epochs"},
     "benchmarks/throughput.py, named in docs/testing.md": {"--preset"},
 }

@@ -1,0 +1,63 @@
+"""Ray Data as a run's input: a classifier trained from ``ray.data.read_parquet`` with a
+preprocessing step, validated on another Ray Dataset, each row of an epoch once; and
+``--data PATH --ray-data`` from the command line's config."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ray_ddp import TrainConfig, run
+
+from ._runs import rows_of
+
+pytestmark = pytest.mark.ray
+
+
+def write_classes(path, rows, seed, offset=0.0):
+    """Four features whose signs decide one of 3 classes, in 4 files; ``offset``: the
+    features shifted and scaled, as raw data a preprocessing step must undo."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 4)).astype("float32")
+    label = ((x[:, 0] > 0).astype(int) + (x[:, 1] > 0).astype(int)).astype("int64")
+    x = x * (1 + offset) + offset
+    path.mkdir()
+    for k, part in enumerate(np.array_split(np.arange(rows), 4)):
+        pq.write_table(pa.table({**{f"f{i}": x[part, i] for i in range(4)}, "t0": label[part]}),
+                       path / f"part-{k}.parquet")
+    return path
+
+
+def standardize(batch):
+    for i in range(4):
+        batch[f"f{i}"] = (batch[f"f{i}"] - 9.0) / 10.0
+    return batch
+
+
+@pytest.fixture(scope="module")
+def ray_data_run(ray_local, storage, tmp_path_factory):
+    """Training rows read by --data PATH --ray-data (ray.data.read_parquet), validation
+    a Ray Dataset of the Python API with a preprocessing step (map_batches)."""
+    import ray.data
+
+    root = tmp_path_factory.mktemp("raydata")
+    val = ray.data.read_parquet(str(write_classes(root / "val", 301, 1, offset=9.0))).map_batches(standardize)
+    cfg = TrainConfig(workers=2, epochs=2, batch_size=25, model="mlp", width=32, lr=0.2, report_every=5,
+                      data=str(write_classes(root / "train", 1000, 0)), ray_data=True,
+                      storage=str(storage), name="ray-data", quiet=True)
+    return run(cfg, val_data=val)
+
+
+def test_a_classifier_trains_from_ray_data_and_validates_on_another(ray_data_run):
+    s = ray_data_run
+    assert s.task == "classification" and s.steps == 2 * 20  # 1,000 rows in global batches of 50
+    assert s.val_accuracy > 0.85, s  # learnable, and the validation rows were standardized
+    rows = rows_of(s)
+    # every epoch: 500 rows per rank (streaming_split(equal=True) of 1,000 rows over 2)
+    for epoch in (1, 2):
+        assert sum(r["samples"] for r in rows if r["epoch"] == epoch) == 1000
+    # validation counts each of the 301 rows once, over both ranks, every epoch
+    evals = pq.read_table(s.metrics.replace("metrics.parquet", "eval.parquet")).to_pylist()
+    assert [r["samples"] for r in evals] == [301, 301]
