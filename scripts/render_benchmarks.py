@@ -120,6 +120,11 @@ BENCHES: dict[str, Bench] = {
         ("paired GPU peak", "paired_gpu_peak_ratio", "r3"), ("step ms off", "step_ms.off", "n1"),
         ("step ms on", "step_ms.on", "n1"), ("paired step time", "paired_time_ratio", "r3"),
         ("paired per round", "paired_time_ratio_all", "r3list")])]),
+    "loader": Bench("python benchmarks/loader.py --arms torchrun,ray-ddp,ray-ddp-in-thread --rounds 3", [Table(
+        rows="arms", skip_baseline=True, columns=[
+        ("setup", "setup", "str"), ("arm", "arm", "str"), ("steady samples/s", "samples_per_s", "n0"),
+        ("torchrun samples/s", "baseline_samples_per_s", "n0"), ("x torchrun", "x_baseline", "r3"),
+        ("paired", "paired_ratio", "r3"), ("paired per round", "paired_ratio_all", "r3list")])]),
     "zero_grad": Bench("python benchmarks/zero_grad.py --rounds 5", [Table(columns=[
         ("setup", "setup", "str"), ("step ms set_to_none", "step_ms.set_to_none", "n2"),
         ("step ms in place", "step_ms.in_place", "n2"), ("paired in place x set_to_none", "paired_ratio", "r3"),

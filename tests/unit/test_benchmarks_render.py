@@ -213,6 +213,14 @@ def fake_activation_memory(mod, monkeypatch):
     return lambda out: mod.main(["--rounds", "2", "--device", "cpu", "--results-dir", out]), 2
 
 
+def fake_loader(mod, monkeypatch):
+    monkeypatch.setattr(mod, "run_arm", lambda arm, args: {
+        "arm": arm, "samples_per_s": {"torchrun": 100.0, "ray-ddp": 99.0, "ray-ddp-in-thread": 25.0}[arm],
+        "wall_s": 5.0})
+    return lambda out: argv_main(monkeypatch, mod, ["--arms", "torchrun,ray-ddp,ray-ddp-in-thread",
+                                                    "--rounds", "2", "--results-dir", out]), 2
+
+
 def fake_zero_grad(mod, monkeypatch):  # no Ray: the real thing, tiny
     return lambda out: argv_main(monkeypatch, mod, ["--width", "16", "--depth", "1", "--steps", "2",
                                                     "--rounds", "2", "--results-dir", out]), 2
@@ -257,7 +265,7 @@ FAKES = {name.removeprefix("fake_"): fn for name, fn in dict(globals()).items() 
 def test_every_python_benchmark_is_covered():
     """Each top-level benchmark script writes a result and is exercised here; the helpers
     (the baselines' per-rank workloads) are not benchmarks of their own."""
-    helpers = {"workload", "plain_ray_train", "gpt_workload", "_results"}
+    helpers = {"workload", "plain_ray_train", "gpt_workload", "loader_workload", "slow_reads", "_results"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - helpers
     assert scripts == set(FAKES)
     assert set(render.BENCHES) == scripts | {"ray_cpu"}

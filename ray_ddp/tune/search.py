@@ -1,0 +1,273 @@
+"""``ray-ddp tune``: Ray Tune over whole ray-ddp runs. Runs on the driver (the search,
+its lines, trials.parquet and best.json) and in Tune's trial actors (``train_trial``:
+one ray-ddp run, its validations reported to Tune as they land).
+
+Each trial is a complete ``ray_ddp.run`` in ``<storage>/<name>/trial-<k>`` (checkpoints,
+metrics, summary: every trainer feature), so ASHA's early stops cost nothing special: a
+stopped trial is an interrupted run that its folder can resume. Tune's own state is
+kept in ``<storage>/<name>/tune/``; a rerun of the same name restores it and goes on
+with the unfinished trials, each resuming its own checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.errors import ConfigError
+from ray_ddp.storage import EVAL_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_table, write_json
+from ray_ddp.tune.space import TuneConfig, pick_candidates, sample_space, trial_config
+
+TUNE_DIR, TRIALS_FILE, BEST_FILE = "tune", "trials.parquet", "best.json"
+POLL_S = 1.0
+TRIAL_CPU = 0.01  # what a trial's own actor reserves (it only waits on its run's workers)
+
+
+def trial_name(index: int) -> str:
+    return f"trial-{index}"
+
+
+def train_trial(params: dict[str, Any], tc: TuneConfig, storage: str, search: str) -> None:
+    """One trial: a ray-ddp run named after Tune's trial index, trained in a thread while
+    this one reports each new validation to Tune (ASHA decides at those)."""
+    import ray.tune
+
+    from ray_ddp.driver.run import run
+
+    index = int(ray.tune.get_context().get_trial_id().rsplit("_", 1)[-1])
+    cfg = trial_config(tc, params, storage=f"{storage.rstrip('/')}/{search}", name=trial_name(index))
+    from ray_ddp.storage import resolve_storage
+
+    store = resolve_storage(cfg.storage)
+    evals = f"{store.run_path(cfg.name)}/{EVAL_FILE}"
+    # A restored trial reports again what its run validated in its first life: ASHA skips
+    # a rung it has already recorded, and a run that had finished gets its final result.
+    told: list[dict[str, Any]] = []
+    outcome: dict[str, Any] = {}
+
+    def train() -> None:
+        try:
+            outcome["summary"] = run(cfg, echo=lambda line: None)
+        except BaseException as err:  # handed to Tune below, from its own thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=train, name="ray_ddp-trial", daemon=True)
+    thread.start()
+    while True:
+        done = not thread.is_alive()
+        for row in _validations(store, evals)[len(told):]:
+            # the last epoch's report ends the trial in Tune's eyes (and its actor with it):
+            # only once the run has written its summary and final checkpoint
+            if int(row["epoch"]) >= cfg.epochs and not done:
+                break
+            told.append(row)
+            ray.tune.report({"trial": index, "epoch": int(row["epoch"]), "val_loss": row["loss"],
+                             **{f"val_{k}": row[k] for k in ("accuracy", "perplexity") if row.get(k) is not None}})
+        if done:
+            break
+        thread.join(POLL_S)
+    if "error" in outcome:
+        raise outcome["error"]
+
+
+def _validations(store, path: str) -> list[dict[str, Any]]:
+    table = read_table(store.fs, path)
+    return table.to_pylist() if table is not None else []
+
+
+def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """The whole search: the trials, then trials.parquet and best.json in
+    ``<storage>/<name>/``; the trials' rows (best first)."""
+    from ray_ddp.cluster.attach import attach_ray
+    from ray_ddp.driver.run import open_storage
+
+    name = search_name(tc)
+    # the first candidate of each searched key: the point the space's check validated
+    first = {k: pick_candidates(*v)[0] for k, v in tc.search.items()}
+    base = trial_config(tc, first, storage=tc.train.get("storage") or TrainConfig.storage, name=name)
+    store = open_storage(base)
+    if not store.is_local:
+        raise ConfigError(f"ray-ddp tune keeps its search on a local or shared path; --storage "
+                          f"{store.uri} is not one")
+    root = store.run_path(name)
+    workers = int(str(base.workers or 2).split("-")[-1])
+    # Tune's own boxes and tables would bury the trials' lines (--verbose brings them back)
+    if not base.verbose:
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # a local Ray gets the trials' workers' CPUs and one more for the trials' own actors
+    with attach_ray(base.address, base.verbose,
+                    local_cpus=tc.concurrent * workers * (base.cpus_per_worker or 1) + 1):
+        check_trials_fit(tc, workers, base.cpus_per_worker or 1, base.gpus_per_worker)
+        grid = _tuner(tc, name, store, root, echo).fit()
+        rows = collect_trials(tc, name, grid, store, root)
+    write_results(store, root, rows)
+    return rows
+
+
+def check_trials_fit(tc: TuneConfig, workers: int, cpus: int, gpus: Optional[int]) -> None:
+    """``--concurrent`` trials at once, each ``workers`` x (cpus, gpus), on this cluster."""
+    import ray
+
+    total = ray.cluster_resources()
+    need_cpu = tc.concurrent * workers * cpus
+    if need_cpu + tc.concurrent * TRIAL_CPU > total.get("CPU", 0):
+        raise ConfigError(f"{tc.concurrent} trials at once x {workers} workers x {cpus} CPU = {need_cpu} CPU; "
+                          f"the cluster has {total.get('CPU', 0):g}; lower --concurrent or the workers")
+    if gpus and tc.concurrent * workers * gpus > total.get("GPU", 0):
+        raise ConfigError(f"{tc.concurrent} trials at once x {workers} workers x {gpus} GPU need "
+                          f"{tc.concurrent * workers * gpus} GPU; the cluster has {total.get('GPU', 0):g}; "
+                          "lower --concurrent or the workers")
+
+
+def search_name(tc: TuneConfig) -> str:
+    return tc.train.get("name") or time.strftime("tune-%Y%m%d-%H%M%S")
+
+
+def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], None]):
+    import ray.tune
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    # a trial's own actor only waits on its ray-ddp run, whose workers hold the CPUs: a
+    # token share (Tune refuses a trial of no resources at all)
+    trainable = ray.tune.with_resources(
+        ray.tune.with_parameters(train_trial, tc=tc, storage=store.uri, search=name), {"cpu": TRIAL_CPU})
+    path = f"{root}/{TUNE_DIR}"
+    if ray.tune.Tuner.can_restore(path, storage_filesystem=store.fs):
+        echo(f"ray-ddp tune: continuing search {name} from {path}")
+        return ray.tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True,
+                                      storage_filesystem=store.fs)
+    scheduler = None
+    if tc.scheduler == "asha":
+        epochs = max_epochs(tc)
+        scheduler = ray.tune.schedulers.ASHAScheduler(time_attr="epoch", max_t=epochs,
+                                                      grace_period=tc.grace_epochs, reduction_factor=2)
+    return ray.tune.Tuner(
+        trainable, param_space=sample_space(tc),
+        tune_config=ray.tune.TuneConfig(metric=tc.metric, mode=tc.mode, num_samples=tc.trials,
+                                        max_concurrent_trials=tc.concurrent, scheduler=scheduler,
+                                        search_alg=BasicVariantGenerator(random_state=tc.seed)),
+        run_config=ray.tune.RunConfig(name=TUNE_DIR, storage_path=root, verbose=0,
+                                      callbacks=[TrialLines(echo, tc)]),
+    )
+
+
+def collect_trials(tc: TuneConfig, name: str, grid, store, root: str) -> list[dict[str, Any]]:
+    """One row per trial from Tune's record of it and its run folder, best first. A
+    trial Tune has not ended (the search was interrupted) is ``unfinished``, not stopped."""
+    rows = []
+    # Tune's Trial objects: their status tells ASHA's stops (TERMINATED early) from an
+    # interrupted search's trials (PENDING, PAUSED, RUNNING), which a Result does not
+    for trial in grid._experiment_analysis.trials:
+        index = _index(trial)
+        run_path = f"{root}/{trial_name(index)}"
+        summary = read_json(store.fs, f"{run_path}/{SUMMARY_FILE}") or {}
+        last = trial.last_result or {}
+        ran = int(last.get("epoch") or 0)
+        ended = trial.status in ("TERMINATED", "ERROR")
+        epochs = int(trial.config.get("epochs") or max_epochs(tc))
+        stopped = trial.status == "TERMINATED" and ran < epochs and not summary.get("early_stopped")
+        if stopped and not summary:
+            _mark_stopped(store, run_path)
+        rows.append({"trial": index, **{k: trial.config.get(k) for k in tc.search},
+                     "val_loss": last.get("val_loss"), "val_accuracy": last.get("val_accuracy"),
+                     "val_perplexity": last.get("val_perplexity"),
+                     "epochs": ran, "stopped_early": stopped, "unfinished": not ended,
+                     "error": _error_line(trial) if trial.status == "ERROR" else None,
+                     "run": f"{store.uri.rstrip('/')}/{name}/{trial_name(index)}",
+                     "checkpoint": summary.get("best_checkpoint") or summary.get("checkpoint")
+                     or _latest_checkpoint(store, run_path)})
+    # best first by the search's metric (val_loss, or the task's)
+    rows.sort(key=lambda r: (r[tc.metric] is None, (r[tc.metric] or 0) * (1 if tc.mode == "min" else -1)))
+    return rows
+
+
+def _error_line(trial) -> str:
+    """The last line of a failed trial's error (Tune keeps it in a file)."""
+    try:
+        with open(trial.error_file) as f:
+            lines = [line for line in f.read().strip().splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "failed"
+    except (OSError, TypeError):
+        return "failed"
+
+
+def max_epochs(tc: TuneConfig) -> int:
+    """The most epochs a trial runs: ASHA's horizon (epochs may be searched too)."""
+    if "epochs" in tc.search:
+        return int(max(pick_candidates(*tc.search["epochs"])))
+    return int(tc.train.get("epochs") or TrainConfig.epochs)
+
+
+def _latest_checkpoint(store, run_path: str) -> Optional[str]:
+    from ray_ddp.checkpoint.verify import find_latest_checkpoint
+
+    latest = find_latest_checkpoint(store.fs, run_path).latest
+    return f"{run_path}/{latest}" if latest else None
+
+
+def _mark_stopped(store, run_path: str) -> None:
+    """A trial ASHA stopped was killed mid-run: its status says so, and a rerun resumes it."""
+    status = read_json(store.fs, f"{run_path}/{STATUS_FILE}")
+    # killed mid-run ("running"), or failing on its way down as Tune ended its actor
+    if status is not None and status.get("state") in ("running", "failed"):
+        write_json(store.fs, f"{run_path}/{STATUS_FILE}",
+                   {**status, "state": "interrupted", "error": "stopped early by ASHA", "updated": time.time()})
+
+
+def write_results(store, root: str, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+
+    from ray_ddp.storage import write_table
+
+    write_table(store.fs, f"{root}/{TRIALS_FILE}", pa.Table.from_pylist(rows))
+    done = [r for r in rows if r["val_loss"] is not None]  # rows come best first
+    if done:
+        best = done[0]
+        write_json(store.fs, f"{root}/{BEST_FILE}", {
+            "trial": best["trial"], "params": {k: best[k] for k in best if k not in _ROW_KEYS},
+            "val_loss": best["val_loss"], **{k: best[k] for k in ("val_accuracy", "val_perplexity")
+                                             if best.get(k) is not None},
+            "checkpoint": best["checkpoint"], "run": best["run"]})
+
+
+_ROW_KEYS = {"trial", "val_loss", "val_accuracy", "val_perplexity", "epochs", "stopped_early", "unfinished",
+             "error", "run", "checkpoint"}
+
+
+class TrialLines:
+    """Tune's callback: one line per trial as it starts, stops or ends (Tune's own table
+    is turned off)."""
+
+    def __new__(cls, echo, tc):
+        from ray.tune import Callback
+
+        class _Lines(Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):
+                echo(f"trial {_index(trial)} started: {_params(trial, tc)}")
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                last = trial.last_result or {}
+                epochs = int(trial.config.get("epochs") or max_epochs(tc))
+                how = "stopped early by ASHA" if int(last.get("epoch") or 0) < epochs else "finished"
+                echo(f"trial {_index(trial)} {how} after epoch {last.get('epoch')}: val_loss "
+                     f"{_fmt(last.get('val_loss'))}")
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                echo(f"trial {_index(trial)} failed: {_error_line(trial)}")
+
+        return _Lines()
+
+
+def _index(trial) -> int:
+    return int(trial.trial_id.rsplit("_", 1)[-1])
+
+
+def _params(trial, tc: TuneConfig) -> str:
+    return ", ".join(f"{k}={_fmt(trial.config.get(k))}" for k in tc.search)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
