@@ -46,7 +46,7 @@ def plan_ray_data(cfg, shape, train, val) -> Optional[tuple[dict[str, Any], Any,
     """On the driver, once Ray is up: the trainer's ``datasets`` and ``dataset_config``
     and the workers' RayDataConfig; None when no set is read through Ray Data."""
     train_ds = train if is_ray_dataset(train) else read_parquet_dataset(cfg.data) if cfg.ray_data else None
-    val_ds = shape.val_dataset if shape.val_dataset is not None else (
+    val_ds = shape.val_dataset if shape is not None and shape.val_dataset is not None else (
         read_parquet_dataset(cfg.val_data).materialize() if cfg.ray_data and cfg.val_data else None)
     if train_ds is None and val_ds is None:
         return None
