@@ -219,3 +219,27 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def paired_arms(results: list[dict], arms: list[str], baseline: str, rounds: int) -> tuple[list[dict], list[dict]]:
+    """Runs of {"arm", "round" (from 0), "samples_per_s", "wall_s"} as (one entry per round
+    with each arm's figures and its paired ratio to ``baseline`` in that round, one row
+    per arm: medians, the ratio of medians, the median paired ratio and every round's)."""
+    import statistics
+
+    per_round = []
+    for round_no in range(rounds):
+        mine = [r for r in results if r["round"] == round_no]
+        runs = {r["arm"]: {"samples_per_s": r["samples_per_s"], "wall_s": r["wall_s"]} for r in mine}
+        per_round.append({"round": round_no + 1, "order": [r["arm"] for r in mine], "arms": runs,
+                          "paired_ratio": {a: runs[a]["samples_per_s"] / runs[baseline]["samples_per_s"]
+                                           for a in runs}})
+    median = {a: statistics.median(r["samples_per_s"] for r in results if r["arm"] == a) for a in arms}
+    rows = []
+    for arm in arms:
+        paired = [r["paired_ratio"][arm] for r in per_round]
+        rows.append({"arm": arm, "samples_per_s": median[arm], "baseline_samples_per_s": median[baseline],
+                     "x_baseline": median[arm] / median[baseline], "paired_ratio": statistics.median(paired),
+                     "paired_ratio_all": paired,
+                     "wall_s": statistics.median(r["wall_s"] for r in results if r["arm"] == arm)})
+    return per_round, rows

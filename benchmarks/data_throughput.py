@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _results import add_result_args, save_result
+    from _results import add_result_args, paired_arms, save_result
 
     add_result_args(parser)
     args = parser.parse_args()
@@ -105,21 +105,7 @@ def main() -> None:
     for name in arms:
         print(f"| {name} | {median[name]:.0f} | {median[name] / median['synthetic']:.3f} | {wall[name]:.1f} |")
     # paired: each arm's samples/s over the synthetic run's in the same round
-    per_round = []
-    for round_no in range(args.rounds):
-        mine = [r for r in results if r["round"] == round_no]
-        runs = {r["arm"]: {"samples_per_s": r["samples_per_s"], "wall_s": r["wall_s"]} for r in mine}
-        per_round.append({"round": round_no + 1, "order": [r["arm"] for r in mine], "arms": runs,
-                          "paired_ratio": {n: runs[n]["samples_per_s"] / runs["synthetic"]["samples_per_s"]
-                                           for n in runs}})
-    rows = []
-    for name in arms:
-        paired = [r["paired_ratio"][name] for r in per_round]
-        rows.append({"arm": name, "samples_per_s": median[name],
-                     "baseline_samples_per_s": median["synthetic"],
-                     "x_baseline": median[name] / median["synthetic"],
-                     "paired_ratio": statistics.median(paired), "paired_ratio_all": paired,
-                     "wall_s": wall[name]})
+    per_round, rows = paired_arms(results, list(arms), "synthetic", args.rounds)
     save_result(args, "data_throughput", {
         "setup": f"{args.rows} rows x {args.features} features -> {args.targets} targets in {args.files} "
                  f"parquet files; MLP {args.depth} x {args.width}, 2 workers x batch {args.batch_size}, "

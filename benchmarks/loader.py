@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _results import add_result_args, save_result  # noqa: E402
+from _results import add_result_args, paired_arms, save_result  # noqa: E402
 
 ARMS = ("torchrun", "ray-ddp", "ray-ddp-in-thread")
 
@@ -107,27 +106,14 @@ def main(argv=None) -> None:
             results.append(r)
             print(f"round {round_no + 1}/{args.rounds} {arm}: {r['samples_per_s']:.0f} samples/s, "
                   f"wall {r['wall_s']:.1f} s", flush=True)
-    per_round = []
-    for round_no in range(args.rounds):
-        mine = [r for r in results if r["round"] == round_no]
-        runs = {r["arm"]: {"samples_per_s": r["samples_per_s"], "wall_s": r["wall_s"]} for r in mine}
-        per_round.append({"round": round_no + 1, "order": [r["arm"] for r in mine], "arms": runs,
-                          "paired_ratio": {a: runs[a]["samples_per_s"] / runs["torchrun"]["samples_per_s"]
-                                           for a in runs}})
+    per_round, rows = paired_arms(results, arms, "torchrun", args.rounds)
     setup = (f"{args.wait_ms:g} ms per item, {args.loader_workers} loader processes per worker, 2 workers x "
              f"batch {args.batch_size}, MLP {args.depth} x {args.width}, {args.warmup} + {args.steps} steps, "
              f"{os.cpu_count()} CPUs")
-    median = {a: statistics.median(r["samples_per_s"] for r in results if r["arm"] == a) for a in arms}
-    rows = []
     print(f"\n{setup}\n| arm | steady samples/s | x torchrun | paired | paired per round |\n|---|---|---|---|---|")
-    for arm in arms:
-        paired = [r["paired_ratio"][arm] for r in per_round]
-        rows.append({"arm": arm, "samples_per_s": median[arm], "baseline_samples_per_s": median["torchrun"],
-                     "x_baseline": median[arm] / median["torchrun"], "paired_ratio": statistics.median(paired),
-                     "paired_ratio_all": paired,
-                     "wall_s": statistics.median(r["wall_s"] for r in results if r["arm"] == arm)})
-        print(f"| {arm} | {median[arm]:.0f} | {median[arm] / median['torchrun']:.3f} | "
-              f"{statistics.median(paired):.3f} | {', '.join(f'{p:.3f}' for p in paired)} |")
+    for row in rows:
+        print(f"| {row['arm']} | {row['samples_per_s']:.0f} | {row['x_baseline']:.3f} | {row['paired_ratio']:.3f} | "
+              f"{', '.join(f'{p:.3f}' for p in row['paired_ratio_all'])} |")
     save_result(args, "loader", {"setup": setup, "baseline": "torchrun", "paired_rounds": args.rounds,
                                  "arms": rows}, per_round)
 

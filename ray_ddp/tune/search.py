@@ -150,7 +150,7 @@ def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], No
                                         max_concurrent_trials=tc.concurrent, scheduler=scheduler,
                                         search_alg=BasicVariantGenerator(random_state=tc.seed)),
         run_config=ray.tune.RunConfig(name=TUNE_DIR, storage_path=root, verbose=0,
-                                      callbacks=[TrialLines(echo, tc)]),
+                                      callbacks=[trial_lines(echo, tc)]),
     )
 
 
@@ -237,28 +237,26 @@ _ROW_KEYS = {"trial", "val_loss", "val_accuracy", "val_perplexity", "epochs", "s
              "error", "run", "checkpoint"}
 
 
-class TrialLines:
+def trial_lines(echo: Callable[[str], None], tc: TuneConfig):
     """Tune's callback: one line per trial as it starts, stops or ends (Tune's own table
-    is turned off)."""
+    is turned off). Made here, so that importing this module does not import Tune."""
+    from ray.tune import Callback
 
-    def __new__(cls, echo, tc):
-        from ray.tune import Callback
+    class _Lines(Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            echo(f"trial {_index(trial)} started: {_params(trial, tc)}")
 
-        class _Lines(Callback):
-            def on_trial_start(self, iteration, trials, trial, **info):
-                echo(f"trial {_index(trial)} started: {_params(trial, tc)}")
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            last = trial.last_result or {}
+            epochs = int(trial.config.get("epochs") or max_epochs(tc))
+            how = "stopped early by ASHA" if int(last.get("epoch") or 0) < epochs else "finished"
+            echo(f"trial {_index(trial)} {how} after epoch {last.get('epoch')}: val_loss "
+                 f"{_fmt(last.get('val_loss'))}")
 
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                last = trial.last_result or {}
-                epochs = int(trial.config.get("epochs") or max_epochs(tc))
-                how = "stopped early by ASHA" if int(last.get("epoch") or 0) < epochs else "finished"
-                echo(f"trial {_index(trial)} {how} after epoch {last.get('epoch')}: val_loss "
-                     f"{_fmt(last.get('val_loss'))}")
+        def on_trial_error(self, iteration, trials, trial, **info):
+            echo(f"trial {_index(trial)} failed: {_error_line(trial)}")
 
-            def on_trial_error(self, iteration, trials, trial, **info):
-                echo(f"trial {_index(trial)} failed: {_error_line(trial)}")
-
-        return _Lines()
+    return _Lines()
 
 
 def _index(trial) -> int:
