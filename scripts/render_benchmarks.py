@@ -140,6 +140,9 @@ BENCHES: dict[str, Bench] = {
         ("ray-train first step s", "baseline_first_step_s", "n1"), ("paired", "first_step_s_paired", "r3"),
         ("wall s", "wall_s", "n1"), ("ray-train wall s", "baseline_wall_s", "n1"),
         ("paired", "wall_s_paired", "r3")])]),
+    "default_job": Bench("python benchmarks/default_job.py --rounds 3", [Table(columns=[
+        ("setup", "setup", "str"), ("ray-ddp wall s", "wall_s", "n1"), ("ray-train wall s", "baseline_wall_s", "n1"),
+        ("paired ray-ddp x ray-train", "paired_ratio", "r3"), ("paired per round", "paired_ratio_all", "r3list")])]),
     "preemption": Bench("python benchmarks/preemption.py --rounds 3", [
         Table(title="The per-step cost of the check", rows="arms", skip_baseline=True, columns=[
             ("arm", "arm", "str"), ("ms per step", "ms_per_step", "n2"),

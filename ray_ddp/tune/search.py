@@ -139,19 +139,26 @@ def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], No
         echo(f"ray-ddp tune: continuing search {name} from {path}")
         return ray.tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True,
                                       storage_filesystem=store.fs)
-    scheduler = None
-    if tc.scheduler == "asha":
-        epochs = max_epochs(tc)
-        scheduler = ray.tune.schedulers.ASHAScheduler(time_attr="epoch", max_t=epochs,
-                                                      grace_period=tc.grace_epochs, reduction_factor=2)
     return ray.tune.Tuner(
         trainable, param_space=sample_space(tc),
         tune_config=ray.tune.TuneConfig(metric=tc.metric, mode=tc.mode, num_samples=tc.trials,
-                                        max_concurrent_trials=tc.concurrent, scheduler=scheduler,
+                                        max_concurrent_trials=tc.concurrent, scheduler=build_scheduler(tc),
                                         search_alg=BasicVariantGenerator(random_state=tc.seed)),
         run_config=ray.tune.RunConfig(name=TUNE_DIR, storage_path=root, verbose=0,
                                       callbacks=[trial_lines(echo, tc)]),
     )
+
+
+def build_scheduler(tc: TuneConfig):
+    """ASHA over epochs (``--scheduler asha``), or None (every trial runs to the end). Its
+    rule: at each rung (``grace_epochs`` x 2^k epochs), a trial whose metric is worse than
+    the median of those already recorded at that rung stops; the first at a rung goes on."""
+    if tc.scheduler != "asha":
+        return None
+    import ray.tune
+
+    return ray.tune.schedulers.ASHAScheduler(time_attr="epoch", max_t=max_epochs(tc),
+                                             grace_period=tc.grace_epochs, reduction_factor=2)
 
 
 def collect_trials(tc: TuneConfig, name: str, grid, store, root: str) -> list[dict[str, Any]]:

@@ -21,6 +21,15 @@ def full_run(ray_local, storage):
 
 
 @pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory):
+    """One real MLflow tracking server for the suite (test_hangs.py, test_mlflow_server.py)."""
+    from mlflow_server import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
+
+
+@pytest.fixture(scope="session")
 def multinode(tmp_path_factory, ray_local):
     """test_multinode.py's two-node cluster, and its elastic story running on it in a thread."""
     from .test_multinode import cluster_and_story

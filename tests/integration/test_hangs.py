@@ -17,14 +17,6 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def mlflow_uri(tmp_path_factory):
-    from mlflow_server import mlflow_server
-
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
-
-
-@pytest.fixture(scope="module")
 def hung_run(ray_local, storage, tmp_path_factory, mlflow_uri):
     """Rank 1 sleeps in its 15th forward (first life only), under --hang-timeout 10;
     Ray's own health check would take minutes to notice a process that is alive."""

@@ -1,6 +1,8 @@
-"""`ray-ddp tune`: 4 trials, 2 at a time, on the shared local Ray; ASHA stops the poor
-ones early; trials.parquet and best.json say what happened; every trial is a whole
-ray-ddp run in its own folder; the preflight refuses a search the cluster cannot hold."""
+"""`ray-ddp tune` on the shared local Ray: 3 trials one at a time, so which trial reaches
+a rung first is fixed by the search seed, not by timing (ASHA's rule itself, at every
+order, is tests/unit/test_tune_space.py's); ASHA stops the poor one early;
+trials.parquet and best.json say what happened; every trial is a whole ray-ddp run in its
+own folder; the preflight refuses a search the cluster cannot hold."""
 
 from __future__ import annotations
 
@@ -25,12 +27,16 @@ def search_file(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "ray_ddp", "data", "synth", "--rows", "512", "--out",
                     str(root / "rows.parquet"), "--files", "1"], check=True, capture_output=True)
     path = root / "search.yaml"
+    # slow_toy sleeps 0.1 s a step: an epoch of 24 steps takes longer than ASHA's stop
+    # takes to reach a trial (the trial reports each validation within POLL_S), so a
+    # stopped trial is stopped mid-run, never after it finished by the time the stop came
     path.write_text(yaml.safe_dump({
-        "data": str(root / "rows.parquet"), "val_fraction": 0.25, "model": "mlp", "width": 32,
-        "workers": 1, "epochs": 4, "batch_size": 32, "report_every": 4, "optimizer": "adamw",
-        # a learning rate that learns and one that barely moves: ASHA must tell them apart
-        "search": {"lr": {"choice": [0.01, 1e-6]}, "width": {"choice": [16, 32]}},
-        "grace_epochs": 1, "trials": 4, "concurrent": 2, "search_seed": 1}))
+        "data": str(root / "rows.parquet"), "val_fraction": 0.25, "model": "user_models:slow_toy",
+        "workers": 1, "epochs": 4, "batch_size": 16, "report_every": 8, "optimizer": "adamw",
+        # a learning rate that learns and one that barely moves: ASHA must tell them apart.
+        # search_seed 1 draws 0.01, 1e-6, 0.01: the poor trial is second, behind a good one
+        "search": {"lr": {"choice": [0.01, 1e-6]}},
+        "grace_epochs": 1, "trials": 3, "concurrent": 1, "search_seed": 1}))
     return path
 
 
@@ -41,18 +47,23 @@ def searched(ray_local, storage, search_file):
     return run_search(tc, echo=lines.append), lines
 
 
-def test_asha_stops_the_poor_trials_and_best_json_names_the_lowest_val_loss(searched, storage):
+def test_asha_stops_the_poor_trial_and_best_json_names_the_lowest_val_loss(searched, storage):
     rows, lines = searched
     table = pq.read_table(storage / "search" / "trials.parquet").to_pylist()
-    assert sorted(r["trial"] for r in table) == [0, 1, 2, 3]
-    assert {"lr", "width", "val_loss", "epochs", "stopped_early", "run"} <= set(table[0])
-    assert any(r["stopped_early"] for r in table), table  # ASHA stopped at least one
+    assert sorted(r["trial"] for r in table) == [0, 1, 2]
+    assert {"lr", "val_loss", "epochs", "stopped_early", "run"} <= set(table[0])
+    by_trial = {r["trial"]: r for r in table}
+    assert [by_trial[t]["lr"] for t in (0, 1, 2)] == [0.01, 1e-6, 0.01]  # the seed's draws
+    # the first trial is first at every rung: it runs to the end; the poor second one is
+    # worse than it at the first rung (epoch 1) and stopped there
+    assert (by_trial[0]["epochs"], by_trial[0]["stopped_early"]) == (4, False)
+    assert (by_trial[1]["epochs"], by_trial[1]["stopped_early"]) == (1, True)
     assert all(r["epochs"] < 4 for r in table if r["stopped_early"])
     best = json.loads((storage / "search" / "best.json").read_text())
     lowest = min(table, key=lambda r: r["val_loss"])
     assert best["trial"] == lowest["trial"] and best["val_loss"] == lowest["val_loss"]
-    assert best["params"] == {"lr": lowest["lr"], "width": lowest["width"]} and best["params"]["lr"] == 0.01
-    assert len([line for line in lines if " started: lr=" in line]) == 4
+    assert best["params"] == {"lr": lowest["lr"]} and best["params"]["lr"] == 0.01
+    assert len([line for line in lines if " started: lr=" in line]) == 3
     assert any("stopped early by ASHA" in line for line in lines), lines
 
 
@@ -62,6 +73,7 @@ def test_every_trial_is_a_whole_ray_ddp_run(searched, storage):
     folder = storage / "search" / f"trial-{best['trial']}"
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["epochs_completed"] == 4 and best["checkpoint"].startswith(str(folder))
+    assert not (storage / "search" / "trial-1" / "summary.json").exists(), "stopped mid-run"
     evals = pq.read_table(folder / "eval.parquet").to_pylist()
     assert [r["epoch"] for r in evals] == [1, 2, 3, 4] and evals[-1]["loss"] == pytest.approx(best["val_loss"])
     for r in rows:

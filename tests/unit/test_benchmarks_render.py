@@ -241,6 +241,11 @@ def fake_startup(mod, monkeypatch):
     return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
 
 
+def fake_default_job(mod, monkeypatch):
+    monkeypatch.setattr(mod, "run_arm", lambda arm, env: {"arm": arm, "wall_s": 30.0 if arm == "ray-train" else 27.0})
+    return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
+
+
 def fake_preemption(mod, monkeypatch):
     monkeypatch.setattr(mod, "run_per_step", lambda args: {
         arm: [{"s_per_step": 0.003 * (1 + i), "calls": 5 * i} for _ in range(args.rounds)]

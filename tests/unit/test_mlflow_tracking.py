@@ -1,94 +1,18 @@
-"""--mlflow against a real MLflow tracking server (sqlite store, artifacts served by the
-server), read back with MlflowClient: params, metrics by step, the same run on resume, a
-changed param as a tag, events, the model artifact and the end status; and a dead server
-met in seconds, as one line at start and as False mid-run. No Ray."""
+"""--mlflow with no server to answer: one line at start and False mid-run, each in
+seconds; and MLflow not installed. No Ray, no server (the tracking server's tests are
+tests/integration/test_mlflow_server.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import pytest
 
-from mlflow.tracking import MlflowClient  # the test extra installs it (ray_ddp[mlflow])
-from mlflow_server import free_port, mlflow_server
+from mlflow_server import free_port
 
 from ray_ddp.errors import ConfigError
-from ray_ddp.observe.mlflow_tracking import (
-    MlflowConfig, finish_tracking, log_events, log_window, open_tracking)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A tracking server of this test's own, stopped by its process group."""
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
-
-
-PARAMS = {"lr": 0.001, "batch_size": 32, "optimizer": {"name": "adamw", "betas": (0.9, 0.95)},
-          "resume_from": None, "note": "x" * 7000}
-
-
-def test_params_metrics_and_resume(server):
-    client = MlflowClient(tracking_uri=server)
-    cfg = open_tracking(server, "run-a", PARAMS, experiment="unit")
-    run = client.get_run(cfg.run_id)
-    assert run.info.run_name == "run-a" and run.data.tags["ray_ddp.run"] == "run-a"
-    params = run.data.params
-    assert params["lr"] == "0.001" and params["batch_size"] == "32"
-    assert params["optimizer.name"] == "adamw" and params["optimizer.betas"] == "(0.9, 0.95)"
-    assert "resume_from" not in params and len(params["note"]) == 6000  # cut to MLflow's limit
-
-    assert log_window(cfg, 10, {"loss": 2.5, "samples_per_s": 100.0, "lr": 1e-3,
-                                "val_loss": None, "bad": float("nan")})
-    assert log_window(cfg, 20, {"loss": 2.0, "samples_per_s": 110.0, "lr": 9e-4})
-    history = [(m.step, m.value) for m in client.get_metric_history(cfg.run_id, "loss")]
-    assert sorted(history) == [(10, 2.5), (20, 2.0)]
-    assert "val_loss" not in run.data.metrics and "bad" not in client.get_run(cfg.run_id).data.metrics
-
-    # a resumed ray-ddp run continues the same MLflow run; the changed param is a tag
-    client.set_terminated(cfg.run_id, status="FAILED")
-    again = open_tracking(server, "run-a", dict(PARAMS, lr=0.01, epochs=3), experiment="unit")
-    assert again == cfg
-    run = client.get_run(cfg.run_id)
-    assert run.info.status == "RUNNING"
-    assert run.data.params["lr"] == "0.001" and run.data.params["epochs"] == "3"
-    assert run.data.tags["ray_ddp.param_changed.lr"] == "was 0.001, now 0.01"
-    assert log_window(again, 30, {"loss": 1.5})
-    assert [m.step for m in client.get_metric_history(cfg.run_id, "loss")] == [10, 20, 30]
-
-    other = open_tracking(server, "run-b", PARAMS, experiment="unit")
-    assert other.run_id != cfg.run_id and other.experiment_id == cfg.experiment_id
-
-
-def test_events_and_finish(server, tmp_path):
-    client = MlflowClient(tracking_uri=server)
-    cfg = open_tracking(server, "run-events", {"lr": 0.1}, experiment="unit")
-    events = [
-        {"type": "failure", "time": 1_700_000_000.0, "step": 5, "rank": 1, "node": "n1",
-         "cause": "worker died", "from_checkpoint": 4, "steps_lost": 1},
-        {"type": "preemption", "time": 1_700_000_100.0, "step": 9, "rank": None, "node": "n2",
-         "cause": "spot", "from_checkpoint": 8, "steps_lost": 1},
-        {"type": "failure", "time": 1_700_000_200.0, "step": 12, "rank": 0, "node": "n1",
-         "cause": "oom", "from_checkpoint": 12, "steps_lost": 0},
-    ]
-    assert log_events(cfg, events)
-    failures = client.get_metric_history(cfg.run_id, "events.failure")
-    assert sorted((m.step, m.value) for m in failures) == [(5, 1.0), (12, 2.0)]
-    assert [(m.step, m.value) for m in client.get_metric_history(cfg.run_id, "events.preemption")] == [(9, 1.0)]
-    assert json.loads(client.get_run(cfg.run_id).data.tags["ray_ddp.events"]) == events
-
-    model = tmp_path / "model.pt"
-    model.write_bytes(b"weights")
-    summary = {"final_loss": 0.5, "samples_per_s": 1234.5, "epochs_completed": 2,
-               "val_loss": None, "early_stopped": True, "name": "run-events"}
-    assert finish_tracking(cfg, summary, "FINISHED", model_file=str(model))
-    run = client.get_run(cfg.run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.metrics["summary.final_loss"] == 0.5 and run.data.metrics["summary.epochs_completed"] == 2
-    assert not {"summary.val_loss", "summary.early_stopped", "summary.name"} & set(run.data.metrics)
-    assert [a.path for a in client.list_artifacts(cfg.run_id, "model")] == ["model/model.pt"]
+from ray_ddp.observe.mlflow_tracking import MlflowConfig, finish_tracking, log_events, log_window, open_tracking
 
 
 def test_unreachable_server_is_one_line_in_seconds():

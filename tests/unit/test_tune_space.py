@@ -184,3 +184,48 @@ def test_tune_config_is_frozen():
     tc = TuneConfig(train={}, search={})
     with pytest.raises(dataclasses.FrozenInstanceError):
         tc.trials = 9
+
+
+def asha_decisions(tc, results):
+    """Feed (trial, epoch, val_loss) results, in order, to the scheduler ray-ddp tune
+    builds; the decision for each (real Tune objects, no Ray)."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import TrialScheduler
+
+    from ray_ddp.tune.search import build_scheduler
+
+    scheduler = build_scheduler(tc)
+    scheduler.set_search_properties(tc.metric, tc.mode)
+    trials = {}
+    decisions = []
+    for name, epoch, loss in results:
+        if name not in trials:
+            trials[name] = Trial("ray_ddp_trial", trial_id=name, stub=True)
+            scheduler.on_trial_add(None, trials[name])
+        action = scheduler.on_trial_result(None, trials[name], {"epoch": epoch, "val_loss": loss})
+        decisions.append("stop" if action == TrialScheduler.STOP else "go on")
+    return decisions
+
+
+def test_asha_stops_a_trial_worse_than_the_median_of_its_rung_and_never_the_first(tmp_path):
+    tc = load(tmp_path, "model: mlp\nepochs: 4\nval-fraction: 0.2\ngrace_epochs: 1\n" + LR)
+    # rungs at epochs 1 and 2 (grace 1, halving up to 4 epochs)
+    assert asha_decisions(tc, [
+        ("bad", 1, 9.0),   # first at rung 1: nothing to compare with, goes on
+        ("good", 1, 1.0),  # better than the median of {9}: goes on
+        ("worse", 1, 8.0),  # worse than the median of {9, 1}: stopped
+        ("good", 2, 0.5),  # first at rung 2
+        ("bad", 2, 9.5),   # worse than {0.5}: stopped at rung 2
+        ("good", 3, 0.4),  # between rungs: no decision
+    ]) == ["go on", "go on", "stop", "go on", "stop", "go on"]
+    # the order decides nothing else: the worse trial second is stopped at once
+    assert asha_decisions(tc, [("good", 1, 1.0), ("bad", 1, 9.0)]) == ["go on", "stop"]
+    # a trial that reaches the last epoch ends there, as every trial does
+    assert asha_decisions(tc, [("good", 4, 0.1)]) == ["stop"]
+
+
+def test_no_scheduler_runs_every_trial_to_the_end(tmp_path):
+    from ray_ddp.tune.search import build_scheduler
+
+    tc = load(tmp_path, "model: mlp\nepochs: 4\nval-fraction: 0.2\nscheduler: none\n" + LR)
+    assert build_scheduler(tc) is None
