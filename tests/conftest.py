@@ -15,6 +15,13 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 # Ray Train's controller polls its workers every 2 s, so a finished run is noticed up to
 # 2 s late; with ~40 short runs in the suite, polling faster saves about a minute.
 os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.25"
+# Ray Train starts a preemption watcher actor (a process of its own, ~2 s of CPU) with
+# every worker group. Only the multinode story drains a node for preemption, and its
+# cluster's processes get Ray's default back (_cluster.py), as does the default-job CLI
+# test; every other run saves the process.
+os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
+# Variables set here for in-process runs that a production-like subprocess must not get.
+TEST_ONLY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
 
 # The suite must pass on any machine, and in-process runs must not size themselves from
 # the machine when Ray was already running (a notebook's ray.init, the shared Ray below):
@@ -38,3 +45,10 @@ def ray_local():
              logging_level="ERROR")
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_address(ray_local):
+    """The shared local Ray's address, for a ray-ddp command run as a process of its own
+    that has no reason to start a Ray of its own (its token is the one in ~/.ray)."""
+    return ray_local.get_runtime_context().gcs_address

@@ -146,6 +146,7 @@ def loopback_cluster(home: str, gcs_port: int, dashboard_port: int, extra_env=No
            "PATH": BIN + os.pathsep + os.environ["PATH"], "RAY_USAGE_STATS_ENABLED": "0", **(extra_env or {})}
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # this cluster has several nodes
+    env.pop("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", None)  # its story drains a node for preemption
     netns = f"ray_ddp_test_{os.getpid()}_{gcs_port}"
     prefix: list[str] = []
     if os.geteuid() == 0 and shutil.which("ip") and \

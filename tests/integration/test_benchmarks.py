@@ -11,8 +11,8 @@ pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_the_gpu_preset_runs_on_cpu_and_prints_its_table(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+def test_the_gpu_preset_runs_on_cpu_and_prints_its_table(ray_address, tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": ray_address}  # its ray-ddp arm attaches to the shared Ray
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "throughput.py"), "--preset", "gpu",
                            "--workers", "1", "--rounds", "1", "--warmup", "10", "--steps", "10",
                            "--results-dir", str(tmp_path)],

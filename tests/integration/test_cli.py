@@ -8,6 +8,8 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import TEST_ONLY_ENV
+
 
 pytestmark = pytest.mark.ray
 
@@ -17,7 +19,8 @@ def test_train_with_no_flags_runs_the_default_toy_job(tmp_path):
     env.pop("RAY_ADDRESS", None)
     # Ray Train's production timing (workers polled every 2 s, not the suite's 0.5 s), so
     # report batching is tested as users get it
-    env.pop("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", None)
+    for name in TEST_ONLY_ENV:
+        env.pop(name, None)
     proc = subprocess.run([sys.executable, "-m", "ray_ddp", "train", "--json"], env=env,
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -88,13 +88,13 @@ def test_a_bert_classifier_learns_from_padded_dict_batches(ray_local, storage):
     assert summary.val_accuracy > 0.8, summary.val_accuracy  # chance is 1/3
 
 
-def test_the_cli_trains_a_save_pretrained_folder_through_hf_dir(ray_local, tmp_path):
+def test_the_cli_trains_a_save_pretrained_folder_through_hf_dir(ray_address, tmp_path):
     from hf_data import bert
 
     folder = tmp_path / "bert"
     bert().save_pretrained(str(folder))
-    env = {**os.environ, "PYTHONPATH": HELPERS}
-    env.pop("RAY_ADDRESS", None)
+    # a process of its own on the shared Ray (test_cli.py's run starts a Ray of its own)
+    env = {**os.environ, "PYTHONPATH": HELPERS, "RAY_ADDRESS": ray_address}
     proc = subprocess.run(
         [sys.executable, "-m", "ray_ddp", "train", "--model", f"hf:{folder}", "--dataset",
          "hf_data:sentiment_train", "--collate", "ray_ddp.data.collate:pad_sequences", "--val-fraction",

@@ -44,15 +44,14 @@ def progress_step(run_dir) -> int:
         return 0
 
 
-def test_interrupted_driver_then_same_command_matches(full_run, storage):
+def test_interrupted_driver_then_same_command_matches(full_run, storage, ray_address):
     name = "interrupted-driver"
     argv = [sys.executable, "-m", "ray_ddp", "train", "--model", "user_models:slow_toy",
             "--workers", "2", "--epochs", "3", "--steps-per-epoch", "10", "--batch-size", "16",
             "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0",  # as small()
             "--report-interval", "0",  # every window reaches progress.json: Ctrl-C lands mid-run
-            "--storage", str(storage), "--name", name]
+            "--storage", str(storage), "--name", name, "--address", ray_address]  # the shared Ray
     env = {**os.environ, "PYTHONPATH": HELPERS}
-    env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: progress_step(storage / name) >= 15 or proc.poll() is not None, what="step 15")

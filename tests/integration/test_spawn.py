@@ -85,10 +85,9 @@ def test_waiting_for_a_placement_is_bounded(ray_local):
                if pg["bundles"].get(0, {}).get("CPU") == 64), "the unplaced group is removed"
 
 
-def test_launch_runs_an_unmodified_torchrun_script(tmp_path):
+def test_launch_runs_an_unmodified_torchrun_script(ray_address, tmp_path):
     out = tmp_path / "ddp.pt"
-    env = {**os.environ}
-    env.pop("RAY_ADDRESS", None)
+    env = {**os.environ, "RAY_ADDRESS": ray_address}  # the shared Ray, through the variable users set
     proc = subprocess.run([sys.executable, "-m", "ray_ddp", "launch", "--workers", "2",
                            os.path.join(EXAMPLES, "torchrun_script.py"), "--steps", "20", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
