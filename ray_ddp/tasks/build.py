@@ -22,19 +22,41 @@ def build_task(name: str, seq_len: int = 0, loss: Optional[Callable] = None, mod
     if loss is not None:
         return UserLossTask(loss, task)
     if model_loss:
-        return ModelLossTask(task, getattr(model, "loss_type", None) or _loss_type_by_name(model))
+        return ModelLossTask(task, loss_units_of(model))
     return task
 
 
-def _loss_type_by_name(model: Any) -> Optional[str]:
-    """What a model without a ``loss_type`` averages over: a Hugging Face model with none
-    falls back to the causal-LM loss, as transformers itself does (GPT2LMHeadModel is
-    one); another named like Hugging Face's heads (...ForCausalLM) is taken at its word;
-    else rows."""
-    if hasattr(type(model), "loss_function"):  # a transformers PreTrainedModel
-        return "ForCausalLM"
-    name = type(model).__name__
-    for kind in ("ForCausalLM", "ForConditionalGeneration", "ForMaskedLM", "ForTokenClassification"):
-        if kind in name:
-            return kind
+# Hugging Face heads whose loss is a mean over label tokens that are not -100, the labels
+# shifted by one inside the loss (next-token prediction) or not; every other known head
+# averages over rows. transformers maps "ForConditionalGeneration" to its causal loss,
+# right for the decoder-only ones (vision-language models) and wrong for the
+# encoder-decoders (T5, BART, Marian, Pegasus, Whisper), which compare the decoder's
+# logits with the labels unshifted: those are told apart by config.is_encoder_decoder.
+_SHIFTED_HEADS = ("ForCausalLM", "ForConditionalGeneration")
+_TOKEN_HEADS = ("ForMaskedLM", "ForTokenClassification")
+_ROW_HEADS = ("ForSequenceClassification", "ForImageClassification", "ForVideoClassification",
+              "ForAudioClassification", "ForMultipleChoice", "ForQuestionAnswering")
+
+
+def loss_units_of(model: Any) -> Optional[str]:
+    """What the model's own loss is a mean over: ``shifted`` (label tokens after the first
+    of each row), ``tokens`` (label tokens), ``rows``, or None: not known from the model,
+    so the labels decide (one per row: rows; a sequence each: tokens)."""
+    config = getattr(model, "config", None)
+    kind = getattr(model, "loss_type", None) or _head_of(type(model).__name__)
+    if getattr(config, "is_encoder_decoder", False) and kind in _SHIFTED_HEADS + (None,):
+        return "tokens"
+    if kind in _SHIFTED_HEADS:
+        return "shifted"
+    if kind in _TOKEN_HEADS:
+        return "tokens"
+    if kind in _ROW_HEADS:
+        return "rows"
     return None
+
+
+def _head_of(name: str) -> Optional[str]:
+    """The Hugging Face head a class is named for (GPT2LMHeadModel is a causal LM)."""
+    if name.endswith("LMHeadModel"):
+        return "ForCausalLM"
+    return next((head for head in _SHIFTED_HEADS + _TOKEN_HEADS + _ROW_HEADS if head in name), None)

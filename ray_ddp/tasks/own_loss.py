@@ -15,30 +15,24 @@ from ray_ddp.errors import BatchError
 from ray_ddp.tasks.batches import batch_rows, labels_of, logits_of, loss_of
 from ray_ddp.tasks.builtin import IGNORE_INDEX, Task
 
-# Hugging Face loss types whose mean is over label tokens, not rows; causal ones predict
-# the next token, so their labels are shifted by one inside the loss
-_SHIFTED = ("ForCausalLM", "ForConditionalGeneration")
-_PER_TOKEN = ("ForMaskedLM", "ForTokenClassification")
-
-
 class ModelLossTask(Task):
-    """The model's own loss, weighted by the units it is a mean over (``loss_type`` says
-    which: label tokens that are not -100, shifted by one for a causal LM; rows
-    otherwise)."""
+    """The model's own loss, weighted by the units it is a mean over (``units``, from
+    ``tasks.build.loss_units_of``: label tokens that are not -100, shifted by one for a
+    causal LM; rows; or, for a model that does not say, what its labels' shape says)."""
 
-    def __init__(self, base: Task, loss_type: str | None):
-        self.base, self.loss_type = base, loss_type
+    def __init__(self, base: Task, units: str | None):
+        self.base, self.units = base, units
         self.name, self.metric, self.units_per_row = base.name, base.metric, base.units_per_row
-        self.variable_units = loss_type in _SHIFTED + _PER_TOKEN
+        self.variable_units = units != "rows"
 
     def count_units(self, inputs: Any, target: Any) -> float:
         return float(self._units(inputs, target))
 
     def _units(self, inputs: Any, target: Any):
         labels = labels_of(inputs)
-        if labels is None or not self.variable_units:
+        if labels is None or self.units == "rows" or (self.units is None and labels.dim() <= 1):
             return float(batch_rows(target if labels is None else labels))
-        if self.loss_type in _SHIFTED:
+        if self.units == "shifted":
             labels = labels[..., 1:]
         return (labels != IGNORE_INDEX).sum().float()
 
@@ -48,8 +42,10 @@ class ModelLossTask(Task):
             raise BatchError("the batch hands the model labels, but its output has no loss: return "
                              "one in .loss (or drop 'labels' from the batch and let the task compute it)")
         units = self._units(inputs, target)
-        if batch_rows(target) == 0:  # no rows: a mean over nothing is NaN, and counts for nothing
-            return {"loss": _zero_like_graph(output), "units": 0.0}
+        # no rows, or no label to learn from (a prompt-only row, an answer cut off): the
+        # model's mean over nothing is NaN, and it counts for nothing
+        if batch_rows(target) == 0 or float(units) == 0:
+            return {"loss": _zero_like_graph(output, leave_out=loss), "units": 0.0}
         sums = {"loss": loss.float() * units, "units": units}
         logits = logits_of(output)
         if self.metric == "accuracy" and isinstance(logits, torch.Tensor):
@@ -88,9 +84,11 @@ class UserLossTask(Task):
         return self.base.metrics(totals)
 
 
-def _zero_like_graph(output: Any) -> torch.Tensor:
-    """0, still connected to the model's outputs, so DDP's hooks fire on an empty batch."""
+def _zero_like_graph(output: Any, leave_out: Any = None) -> torch.Tensor:
+    """0, still connected to the model's outputs, so DDP's hooks fire on an empty batch;
+    ``leave_out``: the model's own loss, NaN when it averaged over nothing (NaN x 0 is NaN)."""
     from torch.utils._pytree import tree_leaves
 
-    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    return sum(t.float().sum() * 0.0 for t in leaves)
+    leaves = [t for t in tree_leaves(output)
+              if isinstance(t, torch.Tensor) and t.is_floating_point() and t is not leave_out]
+    return sum((t.float().sum() * 0.0 for t in leaves), torch.zeros(()))
