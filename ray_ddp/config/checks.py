@@ -144,11 +144,16 @@ def check_objects(cfg: TrainConfig, objects: dict[str, Any]) -> None:
     from ray_ddp.models.build import load_callable
 
     model, train_data, loss = objects.get("model"), objects.get("train_data"), objects.get("loss")
+    collate = objects.get("collate")
+    if collate is not None and not callable(collate):
+        raise ConfigError(f"collate= must be a callable fn(list of items) -> batch, not {type(collate).__name__}")
+    if collate is not None and cfg.collate is not None:
+        raise ConfigError("give collate= or --collate, not both")
     if model is not None and not (isinstance(model, torch.nn.Module) or callable(model)):
         raise ConfigError(f"model= must be an nn.Module or a callable returning one, not {type(model).__name__}")
     if train_data is not None and (cfg.data != "synthetic" or cfg.dataset is not None):
         raise ConfigError("give train_data= or --data / --dataset, not both")
-    if cfg.collate is not None and cfg.dataset is None and train_data is None:
+    if (cfg.collate is not None or collate is not None) and cfg.dataset is None and train_data is None:
         raise ConfigError("--collate is for --dataset or train_data= (parquet and text rows are "
                           "batched by ray-ddp)")
     if loss is not None and not callable(loss):

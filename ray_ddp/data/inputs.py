@@ -62,7 +62,7 @@ def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     ``ray_data``: a RayDataConfig, where a set comes through Ray Data."""
     if ray_data is not None:
         return _ray_data_inputs(cfg, rank, world, device, objects, ray_data)
-    collate = _load(cfg.collate, "collate") if cfg.collate else None
+    collate = objects.get("collate") or (_load(cfg.collate, "collate") if cfg.collate else None)
     make = _source_maker(cfg, rank, world)
     workers = loader_workers(cfg)
     dataset = None if cfg.stream else _user_dataset(cfg, objects)

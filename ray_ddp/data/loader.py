@@ -24,10 +24,10 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
-from torch.utils.data import DataLoader, Sampler, default_collate
+from torch.utils.data import DataLoader, Sampler
 
 from ray_ddp.data.sources import epoch_order, rows_of_step, steps_for_rows
-from ray_ddp.data.user import as_float32, rows_fetcher
+from ray_ddp.data.user import collate_items, rows_fetcher
 
 _PREFETCH = 2  # batches each worker process reads ahead (torch's default)
 
@@ -192,7 +192,7 @@ class _Float32Collate:
         self.collate = collate
 
     def __call__(self, items):
-        return as_float32((self.collate or default_collate)(items))
+        return collate_items(items, self.collate)
 
 
 def _worker_init(worker_id: int) -> None:

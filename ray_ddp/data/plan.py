@@ -34,6 +34,8 @@ class DataShapeConfig:
     val_table: Any = field(default=None, compare=False, repr=False)
     # a validation Ray Dataset, materialized once (data/ray_data.py: read every epoch)
     val_dataset: Any = field(default=None, compare=False, repr=False)
+    # dict rows with no labels: their keys (the rows are then the loss's target)
+    unlabeled_keys: Optional[tuple] = None
 
     @property
     def hands_labels(self) -> bool:
@@ -42,6 +44,14 @@ class DataShapeConfig:
         from collections.abc import Mapping
 
         return self.example is not None and isinstance(self.example[0], Mapping) and "labels" in self.example[0]
+
+
+def check_row_targets(shape: Optional[DataShapeConfig], has_loss: bool) -> None:
+    """Dict rows are trained on their ``labels`` (the model's own loss) or by a given loss."""
+    if shape is not None and shape.unlabeled_keys is not None and not has_loss:
+        raise ConfigError(f"the training rows have no 'labels' (keys: {', '.join(shape.unlabeled_keys)}): "
+                          "add a labels column for the model's own loss, or give loss= / --loss "
+                          "(fn(output, rows) -> the batch's mean loss)")
 
 
 def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None) -> Optional[DataShapeConfig]:
@@ -126,7 +136,13 @@ def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
     0-d tensor or a numpy integer) makes it classification, a sequence of integers lm."""
     import torch
 
-    x, y = ds[0]
+    from ray_ddp.data.user import as_row, is_dict_rows
+
+    if is_dict_rows(ds):  # the row is the input; its labels, if any, the target
+        x = as_row(ds[0])
+        y = x.get("labels")
+    else:
+        x, y = ds[0]
     y_t = _as_tensor(y)
     integer = y_t is not None and not torch.is_floating_point(y_t) and y_t.dtype != torch.bool
     # one integer a row is a class label; a sequence of them, tokens (a language model's)
@@ -134,14 +150,16 @@ def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
                         "lm" if integer else "regression")
     classes = cfg.num_classes
     builtin = ":" not in cfg.model and cfg.model != "gpt"
-    if task == "classification" and classes is None and builtin:
+    if task == "classification" and classes is None and builtin and not is_dict_rows(ds):
         # a built-in model needs the class count for its output layer: every label once
         classes = 1 + max(int(ds[i][1]) for i in range(len(ds)))
     x_t = _as_tensor(x)
     input_dim = int(x_t.numel()) if x_t is not None else cfg.input_dim
     output_dim = classes if task == "classification" and classes else (
         int(y_t.numel()) if y_t is not None else cfg.output_dim)
-    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes, example=_example_batch(ds))
+    unlabeled = tuple(sorted(x)) if is_dict_rows(ds) and y is None else None
+    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes, example=_example_batch(ds),
+                           unlabeled_keys=unlabeled)
 
 
 def _as_tensor(value: Any):
@@ -157,15 +175,12 @@ def _as_tensor(value: Any):
 def _example_batch(ds) -> Any:
     """Two copies of the first item, batched as the workers batch them: what the driver
     runs through the model on the meta device to check the output against the target."""
-    from torch.utils.data import default_collate
-
-    from ray_ddp.data.user import as_float32
+    from ray_ddp.data.user import collate_items
 
     try:
-        x, y = default_collate([ds[0], ds[0]])
-    except (TypeError, RuntimeError):  # a custom item a --collate is for
+        return collate_items([ds[0], ds[0]])
+    except (TypeError, RuntimeError, ValueError):  # a custom item a --collate is for
         return None
-    return as_float32(x), as_float32(y)
 
 
 def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> tuple[int, Any]:

@@ -17,7 +17,7 @@ from ray_ddp.config.checks import check_devices, check_objects
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
-from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.data.plan import check_row_targets, fit_batch_to, fit_data_to, inspect_data
 from ray_ddp.data.ray_data import is_ray_dataset, plan_ray_data
 from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
@@ -30,20 +30,24 @@ from ray_ddp.driver.tracking import check_tracking, close_run_tracking, open_run
 
 
 def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = None,
-        train_data: Any = None, val_data: Any = None, loss: Optional[Callable] = None) -> RunSummary:
+        train_data: Any = None, val_data: Any = None, loss: Optional[Callable] = None,
+        collate: Optional[Callable] = None) -> RunSummary:
     """Train as ``cfg`` says and return the summary. Raises ConfigError on a user mistake
     (before anything is written) and TrainingError when training failed. ``cfg`` itself is
     left as it was: each step below returns a resolved copy.
 
     Objects instead of module paths: ``model`` an nn.Module or a callable returning one,
-    ``train_data`` / ``val_data`` map-style Datasets of (input, target) pairs, ``loss``
-    fn(output, target) -> the batch's mean loss. Ray ships them to the workers pickled
-    (cloudpickle), so they may be defined in a notebook or a script workers cannot import."""
+    ``train_data`` / ``val_data`` map-style Datasets of (input, target) pairs or dict rows
+    (a ``datasets.Dataset``), ``loss`` fn(output, target) -> the batch's mean loss,
+    ``collate`` fn(list of items) -> a batch (a ``transformers`` DataCollator too). Ray
+    ships them to the workers pickled (cloudpickle), so they may be defined in a notebook
+    or a script workers cannot import."""
     started = time.time()
     marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
-    objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss}
+    objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss, "collate": collate}
     cfg = check_config(cfg, objects)
     data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds
+    check_row_targets(data_shape, loss is not None or cfg.loss is not None)
     given_batch = cfg.global_batch  # None: workers x batch x accum, once the workers are known
     cfg = fit_data_to(fit_batch_to(cfg, (worker_range(cfg.workers) or (1, 1))[1], given_batch),
                       data_shape)  # redone below for the world size the cluster gives

@@ -81,6 +81,29 @@ def sentiment_val() -> Sentiment:
     return Sentiment(120, seed=1)
 
 
+def sentiment_rows(rows: int, seed: int):
+    """The same sequences as ``Sentiment``, held the Hugging Face way: a ``datasets.Dataset``
+    of dict rows (ragged lists of ids, their attention masks, a ``label`` column), as a
+    tokenizer's ``map`` leaves them."""
+    import datasets
+
+    items = Sentiment(rows, seed).items
+    return datasets.Dataset.from_dict({"input_ids": [x["input_ids"].tolist() for x, _ in items],
+                                       "attention_mask": [x["attention_mask"].tolist() for x, _ in items],
+                                       "label": [int(y) for _, y in items]})
+
+
+def tokenizer():
+    """A fast tokenizer of VOCAB word-level tokens, built in memory (nothing downloaded);
+    its padding id is 0, as the models' ``pad_sequences`` pads."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, **{f"t{i}": i for i in range(1, VOCAB)}}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab=vocab, unk_token="[PAD]")),
+                                   pad_token="[PAD]", unk_token="[PAD]")
+
+
 def bert_config():
     from transformers import BertConfig
 
