@@ -4,8 +4,9 @@ Runs on workers (and on the driver's meta-device check).
 Batches and outputs are walked as pytrees (torch.utils._pytree), so nested tuples, dicts,
 namedtuples and Hugging Face ``ModelOutput``s need no code of their own. The calling
 convention is the field's: a dict batch is passed as keyword arguments when the model's
-forward names its keys (``model(**batch)``, as the Hugging Face Trainer does), whole to
-a forward of one argument; a tuple or list is spread over the forward's arguments.
+forward names its keys or takes ``**kwargs`` (``model(**batch)``, as the Hugging Face
+Trainer does, which also leaves out the keys a forward does not name), whole to a forward
+of one argument; a tuple or list is spread over the forward's arguments.
 """
 
 from __future__ import annotations
@@ -36,20 +37,22 @@ def batch_rows(batch: Any) -> int:
 def forward(model: Callable, inputs: Any) -> Any:
     """Call the model on a batch's inputs by the convention above."""
     if isinstance(inputs, Mapping):
-        if _spreads_keywords(model, tuple(inputs)):
-            return model(**inputs)
+        keys = _keywords_for(model, tuple(inputs))
+        if keys is not None:
+            return model(**{k: inputs[k] for k in keys})
         return model(inputs)
     if isinstance(inputs, (list, tuple)):
         return model(*inputs)
     return model(inputs)
 
 
-_KEYWORD_CACHE: dict[tuple[type, tuple[str, ...]], bool] = {}
+_KEYWORD_CACHE: dict[tuple[type, tuple[str, ...]], Optional[tuple[str, ...]]] = {}
 
 
-def _spreads_keywords(model: Callable, keys: tuple[str, ...]) -> bool:
-    """Whether a dict with ``keys`` goes to the forward as keyword arguments (decided once
-    per model class and key set: a signature is not read every step)."""
+def _keywords_for(model: Callable, keys: tuple[str, ...]) -> Optional[tuple[str, ...]]:
+    """The keys of a dict batch that go to the forward as keyword arguments, or None: the
+    dict goes whole (decided once per model class and key set: a signature is not read
+    every step)."""
     inner = _unwrapped(model)
     cache_key = (type(inner), keys)
     if cache_key not in _KEYWORD_CACHE:
@@ -57,19 +60,34 @@ def _spreads_keywords(model: Callable, keys: tuple[str, ...]) -> bool:
     return _KEYWORD_CACHE[cache_key]
 
 
-def _decide_keywords(module: Callable, keys: tuple[str, ...]) -> bool:
-    target = getattr(module, "forward", module)
+def takes_keyword(model: Callable, name: str) -> bool:
+    """Whether the model's forward takes ``name`` (``labels``: can it compute its own loss)."""
+    params = _parameters(_unwrapped(model))
+    return params is not None and any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                                      or p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _parameters(module: Callable) -> Optional[list[inspect.Parameter]]:
     try:
-        params = [p for p in inspect.signature(target).parameters.values()]
-    except (TypeError, ValueError):  # a builtin without a signature: pass the dict whole
-        return False
+        return list(inspect.signature(getattr(module, "forward", module)).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+
+
+def _decide_keywords(module: Callable, keys: tuple[str, ...]) -> Optional[tuple[str, ...]]:
+    params = _parameters(module)
+    if params is None:  # pass the dict whole
+        return None
     names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    if names & set(keys):
-        return True
+    any_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                   and p.default is p.empty]
+    if names & set(keys) or (any_keyword and not positional):
+        # the keys the forward names (all of them to a **kwargs): a column it does not
+        # take (a text column, labels for a model that computes no loss) stays out
+        return keys if any_keyword else tuple(k for k in keys if k in names)
     if len(positional) <= 1 or any(p.kind == p.VAR_POSITIONAL for p in params):
-        return False  # forward(batch): the dict, whole
+        return None  # forward(batch): the dict, whole
     raise BatchError(
         f"the batch is a dict of {', '.join(keys)} but {type(module).__name__}.forward takes "
         f"{', '.join(p.name for p in positional)}: name the forward's parameters after the keys "

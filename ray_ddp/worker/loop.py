@@ -30,6 +30,7 @@ from ray_ddp.models.build import load_callable
 from ray_ddp.parallel.build import build_strategy
 from ray_ddp.plan import WorkerPlan
 from ray_ddp.tasks.builtin import Task
+from ray_ddp.tasks.batches import takes_keyword
 from ray_ddp.tasks.build import build_task
 from ray_ddp.worker.checks import raise_if_not_finite, weights_are_finite
 from ray_ddp.worker.devices import worker_devices
@@ -62,8 +63,9 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
     else:  # a new run, or another world size: independent dropout-like noise per rank
         torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
     loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
+    # batches with labels: the model's own loss, if its forward takes them; else the task's
     task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
-                      model_loss=plan.model_loss)
+                      model_loss=plan.model_loss and takes_keyword(parts.model, "labels"))
     source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects, plan.ray_data)
     heartbeat = Heartbeat(plan.hang_watch, rank, ray.get_runtime_context().get_node_id(),
                           ray.util.get_node_ip_address(), min(5.0, max(0.5, cfg.hang_timeout / 10)))

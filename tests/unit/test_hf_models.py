@@ -181,3 +181,26 @@ def test_hf_dir_and_init_from_read_a_folder_on_the_runs_storage_by_uri(tmp_path)
     for key, value in saved.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key
     assert set(read_init_weights(uri)) <= set(saved.state_dict())
+
+
+def test_a_forward_gets_the_keys_it_names_and_a_kwargs_forward_gets_them_all():
+    from ray_ddp.tasks.batches import takes_keyword
+
+    class NoLabels(nn.Module):  # computes no loss: labels are the task's target, not its input
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 3)
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.emb(input_ids)
+
+    class AnyKeys(nn.Module):
+        def forward(self, **kwargs):
+            return sorted(kwargs)
+
+    batch = {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.ones(1, 2),
+             "labels": torch.tensor([[1, 2]]), "text": ["a b"]}
+    assert forward(NoLabels(), batch).shape == (1, 2, 3)  # no TypeError for labels or text
+    assert not takes_keyword(NoLabels(), "labels")
+    assert forward(AnyKeys(), batch) == ["attention_mask", "input_ids", "labels", "text"]
+    assert takes_keyword(AnyKeys(), "labels")
