@@ -77,5 +77,9 @@ def build_hf_model(spec: str, device: torch.device) -> nn.Module:
         if device.type == "meta":
             with torch.device("meta"):
                 return cls(config)
-        model = cls.from_pretrained(folder, local_files_only=True)
+        # fp32 parameters whatever dtype the checkpoint was saved in (transformers 5 loads
+        # the checkpoint's): training in pure bf16 would round small updates away and keep
+        # AdamW's state in bf16; --amp bf16 computes in bf16 over fp32 weights
+        dtype = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
+        model = cls.from_pretrained(folder, local_files_only=True, **dtype)
     return model.to(device)

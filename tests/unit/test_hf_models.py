@@ -204,3 +204,13 @@ def test_a_forward_gets_the_keys_it_names_and_a_kwargs_forward_gets_them_all():
     assert not takes_keyword(NoLabels(), "labels")
     assert forward(AnyKeys(), batch) == ["attention_mask", "input_ids", "labels", "text"]
     assert takes_keyword(AnyKeys(), "labels")
+
+
+def test_hf_dir_of_a_bf16_checkpoint_trains_fp32_weights(tmp_path):
+    from hf_data import gpt2
+
+    from ray_ddp.models.hf import build_hf_model
+
+    gpt2(1).to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"))
+    model = build_hf_model(f"hf:{tmp_path / 'bf16'}", torch.device("cpu"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
