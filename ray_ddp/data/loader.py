@@ -102,6 +102,7 @@ class LoaderSource:
                  prefetch_factor: int = _PREFETCH):
         rows = len(dataset) if index_map is None else len(index_map)
         self.dataset, self.rows, self.workers = dataset, rows, workers
+        self.seed, self.rank = seed, rank
         steps = steps_for_rows(rows, global_batch) if steps is None else steps
         self.sampler = StepBatchSampler(rows, seed, rank, world, global_batch, grad_accum, steps,
                                         index_map=index_map)
@@ -141,6 +142,10 @@ class LoaderSource:
         self.sampler.start(epoch, step, micro)
         self._cursor = ((epoch, s, m) for s, m, _ in self.sampler.plan())
         self._next = next(self._cursor, None)
+        # the loader processes' random draws (a Dataset's augmentations) differ by rank and by
+        # epoch, and a resumed iteration does not replay the epoch's first draws: each
+        # iteration's base seed comes from where it begins
+        self._loader.generator.manual_seed(iteration_seed(self.seed, self.rank, epoch, step, micro))
         # persistent workers: the same processes; the rest of a previous iteration is dropped
         self._batches = iter(self._loader)
 
@@ -150,6 +155,11 @@ class LoaderSource:
         running, self._loader._iterator = self._loader._iterator, None
         if hasattr(running, "_shutdown_workers"):
             running._shutdown_workers()
+
+
+def iteration_seed(seed: int, rank: int, epoch: int, step: int, micro: int) -> int:
+    """The seed of a loader iteration that begins at (epoch, step, micro) on ``rank``."""
+    return hash((seed, rank, epoch, step, micro)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def loader_val_batches(dataset, index_lists: Iterable[torch.Tensor], collate: Optional[Callable] = None,

@@ -252,3 +252,33 @@ def test_reading_leaves_the_global_rng_alone():
 
 def test_default_loader_workers():
     assert [default_loader_workers(c) for c in (0, 1, 2, 4, 9, 64)] == [0, 0, 1, 3, 8, 8]
+
+
+class Augmented(Dataset):
+    """Item i: (a random draw, as an augmentation makes one, i)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.rand(1, dtype=torch.float64), i
+
+
+def draws(source, epoch, steps=2):
+    return [round(v, 6) for s in range(steps) for v in source.micro_batch(epoch, s, 0)[0].flatten().tolist()]
+
+
+def test_loader_processes_draw_differently_on_each_rank_in_each_epoch_and_after_a_resume():
+    ranks = [LoaderSource(Augmented(), SEED, rank, 2, 16, 1, workers=2) for rank in (0, 1)]
+    try:
+        first = [draws(source, 1) for source in ranks]
+        assert not set(first[0]) & set(first[1]), "rank 1 repeats rank 0's augmentations"
+        assert not set(draws(ranks[0], 2)) & set(first[0]), "epoch 2 repeats epoch 1's"
+        again = LoaderSource(Augmented(), SEED, 0, 2, 16, 1, workers=2)  # the same run, once more
+        try:
+            assert draws(again, 1) == first[0]  # the same seed, the same draws
+        finally:
+            again.close()
+    finally:
+        for source in ranks:
+            source.close()
