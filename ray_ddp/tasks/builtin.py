@@ -79,7 +79,9 @@ class ClassificationTask(Task):
 class LanguageModelTask(Task):
     """Next-token cross-entropy: output (rows, T, vocab) against targets (rows, T), the
     inputs shifted by one token; the loss is per token, and a target of -100 (padding)
-    counts for nothing, in the loss and in the units."""
+    counts for nothing, in the loss and in the units. Targets that are the inputs
+    themselves (the Hugging Face convention, ``labels = input_ids``: the model shifts)
+    are shifted here: position t predicts token t + 1, never token t."""
 
     name = "lm"
     metric = "perplexity"
@@ -95,11 +97,15 @@ class LanguageModelTask(Task):
         return target
 
     def count_units(self, inputs, target):
+        if _targets_are_inputs(inputs, target):
+            target = target[:, 1:]
         return float((target != IGNORE_INDEX).sum())
 
     def sums(self, output, target, inputs=None):
         out = self.predictions(output)
         target = self.match_target(out, target)
+        if _targets_are_inputs(inputs, target):
+            out, target = out[:, :-1], target[:, 1:]
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1), reduction="sum",
                                ignore_index=IGNORE_INDEX)
         # a tensor, summed on the device: a Python number would wait for the GPU every step
@@ -109,3 +115,12 @@ class LanguageModelTask(Task):
         out = super().metrics(totals)
         out["perplexity"] = math.exp(min(out["loss"], 700.0)) if totals["units"] else float("nan")
         return out
+
+
+def _targets_are_inputs(inputs, target) -> bool:
+    """Whether the targets are the input tokens themselves (where not -100), not the
+    inputs shifted by one as ray-ddp's own text windows are."""
+    ids = inputs.get("input_ids") if isinstance(inputs, dict) else inputs
+    if not isinstance(ids, torch.Tensor) or ids.shape != target.shape or ids.dtype.is_floating_point:
+        return False
+    return bool(((target == ids) | (target == IGNORE_INDEX)).all())

@@ -74,3 +74,21 @@ def test_an_empty_micro_batch_sums_to_zero(name):
     y = torch.zeros(0, 5) if name == "regression" else torch.zeros(0, dtype=torch.long)
     sums = task.sums(out, y)
     assert sums["loss"].item() == 0.0 and sums["units"] == 0.0
+
+
+def test_lm_targets_that_are_the_inputs_are_shifted_to_the_next_token():
+    import torch.nn.functional as F
+
+    task = build_task("lm", seq_len=5)
+    ids = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, -100, -100]])
+    logits = torch.randn(2, 5, 10)
+    # the Hugging Face convention: labels = input_ids (padding -100), the next token learned
+    inputs = {"input_ids": ids.clamp(min=0)}
+    sums = task.sums(logits, ids, inputs)
+    want = F.cross_entropy(logits[:, :-1].reshape(-1, 10), ids[:, 1:].reshape(-1), reduction="sum")
+    assert torch.allclose(sums["loss"], want) and sums["units"].item() == 4 + 2
+    assert task.count_units(inputs, ids) == 6.0
+    # ray-ddp's own windows: the targets are already the inputs shifted, nothing moves
+    x, y = ids[:1, :-1], ids[:1, 1:]
+    sums = task.sums(logits[:1, :4], y, x)
+    assert torch.allclose(sums["loss"], F.cross_entropy(logits[0, :4], y[0], reduction="sum"))
