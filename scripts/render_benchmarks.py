@@ -1,6 +1,7 @@
-"""Render docs/performance.md's result tables from benchmarks/results/*.json.
+"""Render docs/performance.md's result tables (and docs/testing.md's, for the suite's own
+time) from benchmarks/results/*.json.
 
-Each benchmark has one section in the page, between two marker lines:
+Each benchmark has one section in its page, between two marker lines:
 
     <!-- bench:throughput:start -->
     ... (generated: do not edit by hand) ...
@@ -14,8 +15,8 @@ figures of ``result`` and how many paired rounds it holds. A section
 with no result file says so and gives the command to run. Text outside the markers is
 the page's own and is left alone.
 
-    .venv/bin/python scripts/render_benchmarks.py           # rewrite the page
-    .venv/bin/python scripts/render_benchmarks.py --check   # exit 1 if the page is stale
+    .venv/bin/python scripts/render_benchmarks.py           # rewrite the pages
+    .venv/bin/python scripts/render_benchmarks.py --check   # exit 1 if a page is stale
 
 Exit status: 0 in sync (or rewritten), 1 stale under --check, 2 a result file or the
 page is malformed (a file without the required keys, a bench with no section).
@@ -38,7 +39,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _results import REQUIRED_KEYS  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-PAGE = os.path.join(ROOT, "docs", "performance.md")
+DOCS = os.path.join(ROOT, "docs")
+PAGE = os.path.join(DOCS, "performance.md")
 SECTION = re.compile(r"(<!-- bench:([a-z0-9_]+):start -->\n)(.*?)(<!-- bench:\2:end -->)", re.DOTALL)
 FILE_NAME = re.compile(r"-(\d{4}-\d{2}-\d{2})(?:-(\d+))?\.json$")
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -88,6 +90,7 @@ class Table:
 class Bench:
     rerun: str
     tables: list[Table]
+    page: str = "performance.md"  # the page under docs/ that holds its section
 
 
 BENCHES: dict[str, Bench] = {
@@ -154,6 +157,13 @@ BENCHES: dict[str, Bench] = {
     "ray_idle_cpu": Bench("python benchmarks/ray_idle_cpu.py", [Table(columns=[
         ("Ray settings", "settings", "strlist"), ("total CPU-s", "total_cpu_s", "n2"),
         ("window s", "window_s", "str"), ("processes", "processes", "str")])]),
+    "suite_time": Bench("python benchmarks/suite_time.py", [
+        Table(columns=[("fast lane s", "fast_lane_s", "n1"), ("fast lane", "fast_lane_summary", "str"),
+                       ("bash .ci/run s", "ci_run_s", "n1"), ("of which install and start s", "install_s", "n1"),
+                       ("pytest s", "suite_s", "n1"), ("tests", "tests", "str"), ("failed", "failed", "str"),
+                       ("skipped", "skipped", "str")]),
+        Table(title="The ten slowest tests (setup, call and teardown)", rows="slowest",
+              columns=[("test", "test", "str"), ("s", "s", "n1")])], page="testing.md"),
     "ray_cpu": Bench("WORKERS=1 bash benchmarks/ray_cpu.sh", [Table(columns=[
         ("workers", "workers", "str"), ("training workers' ticks", "training_ticks", "str"),
         ("Ray's other processes", "other_processes", "str"), ("their ticks", "other_ticks", "str"),
@@ -289,19 +299,21 @@ def render_section(bench: str, records: list[tuple[str, dict]]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def render_page(text: str, records: list[tuple[str, dict]]) -> str:
-    """``text`` with every marked section rewritten from ``records``."""
+def render_page(text: str, records: list[tuple[str, dict]], page: str = "performance.md") -> str:
+    """``text`` (the page ``page`` under docs/) with every marked section rewritten from
+    ``records``."""
     seen = set()
+    mine = {bench for bench, spec in BENCHES.items() if spec.page == page}
 
     def replace(m: re.Match) -> str:
         bench = m.group(2)
-        if bench not in BENCHES:
-            raise Malformed(f"the page has a section for unknown bench {bench!r}")
+        if bench not in mine:
+            raise Malformed(f"{page} has a section for bench {bench!r}, which is not one of its benches")
         seen.add(bench)
         return m.group(1) + render_section(bench, records) + m.group(4)
 
     new = SECTION.sub(replace, text)
-    orphans = sorted({r["bench"] for _, r in records} - seen)
+    orphans = sorted({r["bench"] for _, r in records} & mine - seen)
     if orphans:
         raise Malformed(f"results for {', '.join(orphans)} have no <!-- bench:NAME:start --> section in the page")
     return new
@@ -311,24 +323,31 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if the page differs from its rendering")
     parser.add_argument("--results", default=RESULTS, help="the folder of result files")
-    parser.add_argument("--page", default=PAGE, help="the page to render into")
+    parser.add_argument("--page", help="one page to render into, named like the one under docs/ it "
+                                       "stands for (default: every page that holds a bench)")
     args = parser.parse_args(argv)
+    pages = [args.page] if args.page else \
+        [os.path.join(DOCS, name) for name in sorted({spec.page for spec in BENCHES.values()})]
+    stale = False
     try:
-        with open(args.page) as f:
-            text = f.read()
-        new = render_page(text, load_results(args.results))
+        records = load_results(args.results)
+        for path in pages:
+            with open(path) as f:
+                text = f.read()
+            new = render_page(text, records, os.path.basename(path))
+            if new == text:
+                continue
+            if args.check:
+                print(f"{os.path.relpath(path)} is stale: run python scripts/render_benchmarks.py", file=sys.stderr)
+                stale = True
+                continue
+            with open(path, "w") as f:
+                f.write(new)
+            print(f"rewrote {os.path.relpath(path)}")
     except (Malformed, OSError) as e:
         print(f"render_benchmarks: {e}", file=sys.stderr)
         return 2
-    if new == text:
-        return 0
-    if args.check:
-        print(f"{os.path.relpath(args.page)} is stale: run python scripts/render_benchmarks.py", file=sys.stderr)
-        return 1
-    with open(args.page, "w") as f:
-        f.write(new)
-    print(f"rewrote {os.path.relpath(args.page)}")
-    return 0
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ OTHER_TOOLS_FLAGS = {
     "mlflow server": {"--backend-store-uri", "--host", "--port"},
     "examples/torchrun_script.py, the launch example": {"--steps", "--out", "--epochs"},
     "benchmarks/throughput.py, named in docs/testing.md": {"--preset"},
+    "pytest, in docs/testing.md": {"--durations"},
 }
 
 

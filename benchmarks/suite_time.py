@@ -1,0 +1,104 @@
+"""The test suite's own time: both lanes, measured as a newcomer and CI meet them.
+
+  fast lane   `python -m pytest -m "not ray"` in this checkout (no Ray, no server, no
+              process that trains): its wall time
+  CI          `bash .ci/run` in a fresh clone of this checkout's HEAD, exactly as CI runs
+              it (CI=true): the whole wall time, the install within it, pytest's own
+              time, the counts, and the ten slowest tests (setup, call and teardown
+              together, from pytest's JUnit report, which PYTEST_ADDOPTS asks for)
+
+The budget (docs/testing.md): the fast lane at most 90 s, `bash .ci/run` at most 600 s on
+2 cores. One measurement, not paired rounds: there is no baseline to pair it with.
+
+    python benchmarks/suite_time.py
+    python benchmarks/suite_time.py --skip-ci     # only the fast lane
+Runs on the machine it measures (an otherwise idle one). The figures also go to
+benchmarks/results/suite_time-<machine>-<date>.json (--results-dir, --no-save),
+rendered into docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+def time_fast_lane() -> dict:
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "not ray", "-q", "-p", "no:cacheprovider"],
+                          cwd=REPO, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    print(f"fast lane: {wall:.1f} s, {last}", flush=True)
+    return {"fast_lane_s": wall, "fast_lane_summary": last, "fast_lane_exit": proc.returncode}
+
+
+def time_ci() -> dict:
+    """`bash .ci/run` in a fresh clone of HEAD, with a JUnit report of the suite."""
+    root = tempfile.mkdtemp(prefix="suite_time_")
+    clone, report = os.path.join(root, "clone"), os.path.join(root, "junit.xml")
+    try:
+        subprocess.run(["git", "clone", "--quiet", REPO, clone], check=True)
+        env = {**os.environ, "CI": "true", "PYTEST_ADDOPTS": f"--junitxml={report}"}
+        for name in ("VIRTUAL_ENV", "RAY_ADDRESS"):
+            env.pop(name, None)
+        started = time.monotonic()
+        proc = subprocess.run(["bash", ".ci/run"], cwd=clone, env=env, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL)
+        wall = time.monotonic() - started
+        tail = proc.stdout.strip().splitlines()[-1:] or [""]
+        print(f"bash .ci/run: {wall:.1f} s, exit {proc.returncode}, {tail[0]}", flush=True)
+        if not os.path.exists(report):
+            raise SystemExit(f".ci/run wrote no JUnit report (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
+                             f"\n{proc.stderr[-3000:]}")
+        suite = read_junit(report)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"ci_run_s": wall, "ci_exit": proc.returncode, "install_s": wall - suite.pop("wall_s"), **suite}
+
+
+def read_junit(path: str) -> dict:
+    """Counts, pytest's own time and the ten slowest tests of a JUnit report."""
+    tree = ET.parse(path).getroot()
+    suite = tree if tree.tag == "testsuite" else tree.find("testsuite")
+    cases = []
+    for case in suite.iter("testcase"):
+        file = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+        cases.append({"test": f"{file}::{case.get('name')}", "s": float(case.get("time") or 0)})
+    cases.sort(key=lambda c: -c["s"])
+    return {"suite_s": float(suite.get("time")), "wall_s": float(suite.get("time")),
+            "tests": int(suite.get("tests")), "failed": int(suite.get("failures")) + int(suite.get("errors")),
+            "skipped": int(suite.get("skipped")), "slowest": cases[:10]}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--skip-ci", action="store_true", help="measure the fast lane only")
+    sys.path.insert(0, HERE)
+    from _results import add_result_args, save_result
+
+    add_result_args(parser)
+    args = parser.parse_args(argv)
+    result = {"setup": f"this checkout's fast lane; a fresh clone's bash .ci/run; {os.cpu_count()} CPUs",
+              **time_fast_lane(), **({} if args.skip_ci else time_ci())}
+    print("\n| lane | s |\n|---|---|")
+    print(f"| pytest -m \"not ray\" | {result['fast_lane_s']:.1f} |")
+    if "ci_run_s" in result:
+        print(f"| bash .ci/run (fresh clone) | {result['ci_run_s']:.1f} |")
+        print(f"| of which pytest | {result['suite_s']:.1f} |")
+    for case in result.get("slowest", []):
+        print(f"{case['s']:7.1f} s  {case['test']}")
+    save_result(args, "suite_time", result, [{"round": 1, **{k: v for k, v in result.items() if k != "setup"}}])
+
+
+if __name__ == "__main__":
+    main()
