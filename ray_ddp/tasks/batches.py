@@ -137,3 +137,12 @@ def labels_of(inputs: Any) -> Optional[torch.Tensor]:
     if isinstance(inputs, Mapping) and isinstance(inputs.get("labels"), torch.Tensor):
         return inputs["labels"]
     return None
+
+
+def zero_like_graph(output: Any, leave_out: Any = None) -> torch.Tensor:
+    """0, still connected to the model's outputs, so DDP's hooks fire (and FSDP's backward
+    runs) for a batch that adds nothing; ``leave_out``: the model's own loss, NaN when it
+    averaged over nothing (NaN x 0 is NaN)."""
+    leaves = [t for t in tree_leaves(output)
+              if isinstance(t, torch.Tensor) and t.is_floating_point() and t is not leave_out]
+    return sum((t.float().sum() * 0.0 for t in leaves), torch.zeros(()))

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from ray_ddp.errors import BatchError
-from ray_ddp.tasks.batches import batch_rows, labels_of, logits_of, loss_of
+from ray_ddp.tasks.batches import batch_rows, labels_of, logits_of, loss_of, zero_like_graph
 from ray_ddp.tasks.builtin import IGNORE_INDEX, Task
 
 class ModelLossTask(Task):
@@ -45,7 +45,7 @@ class ModelLossTask(Task):
         # no rows, or no label to learn from (a prompt-only row, an answer cut off): the
         # model's mean over nothing is NaN, and it counts for nothing
         if batch_rows(target) == 0 or float(units) == 0:
-            return {"loss": _zero_like_graph(output, leave_out=loss), "units": 0.0}
+            return {"loss": zero_like_graph(output, leave_out=loss), "units": 0.0}
         sums = {"loss": loss.float() * units, "units": units}
         logits = logits_of(output)
         if self.metric == "accuracy" and isinstance(logits, torch.Tensor):
@@ -69,7 +69,7 @@ class UserLossTask(Task):
     def sums(self, output, target, inputs=None):
         rows = batch_rows(target)
         if rows == 0:
-            return {"loss": _zero_like_graph(output), "units": 0.0}
+            return {"loss": zero_like_graph(output), "units": 0.0}
         loss = self.fn(output, target)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise TypeError(f"the loss function must return a scalar tensor, got "
@@ -82,13 +82,3 @@ class UserLossTask(Task):
 
     def metrics(self, totals):
         return self.base.metrics(totals)
-
-
-def _zero_like_graph(output: Any, leave_out: Any = None) -> torch.Tensor:
-    """0, still connected to the model's outputs, so DDP's hooks fire on an empty batch;
-    ``leave_out``: the model's own loss, NaN when it averaged over nothing (NaN x 0 is NaN)."""
-    from torch.utils._pytree import tree_leaves
-
-    leaves = [t for t in tree_leaves(output)
-              if isinstance(t, torch.Tensor) and t.is_floating_point() and t is not leave_out]
-    return sum((t.float().sum() * 0.0 for t in leaves), torch.zeros(()))

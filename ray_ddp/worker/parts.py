@@ -35,6 +35,8 @@ class TrainParts:
     scaler: torch.amp.GradScaler
     devices: list[torch.device]
     strategy: Strategy
+    # this rank's last real row (inputs, targets): what an empty micro-batch runs instead
+    last_row: Any = None
 
     def zero_grad(self) -> None:
         self.strategy.zero_grad(self.optimizer)

@@ -6,6 +6,11 @@ The loss for backward is the task's summed loss over this rank's share of the st
 units: the strategy's mean over ranks is then the exact mean over the global batch,
 however it is split across ranks and micro-batches. The micro-batches of a step are
 fetched first, so that a task whose units vary (labels of -100) can count them.
+
+An empty micro-batch (a rank's part of an epoch's leftover rows) never reaches the model,
+which may not take 0 rows (GPT-2 cannot reshape them) or may return NaN for them: the
+rank runs its last real row instead, times 0. Every rank still runs the same forwards and
+backwards (DDP's gradient hooks, FSDP's gathers are collectives), adding nothing.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from torch.utils._pytree import tree_map
+
 from ray_ddp.tasks.builtin import Task
-from ray_ddp.tasks.batches import batch_rows, forward, to_device
+from ray_ddp.tasks.batches import batch_rows, forward, loss_of, to_device, zero_like_graph
 from ray_ddp.worker.parts import TrainParts
 from ray_ddp.worker.window import WindowState
 
@@ -35,16 +42,25 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
     window.busy.stop(started)
     for micro, (x, y, _) in enumerate(batches):
         started = window.busy.start()
+        stand_in = batch_rows(y) == 0 and parts.last_row is not None
+        if stand_in:
+            x, y = parts.last_row
+        elif batch_rows(y):
+            parts.last_row = first_row(x), first_row(y)
         x, y = to_device(x, in_device), to_device(y, out_device)
         # only the last micro-batch's backward reduces gradients; the others accumulate
         with parts.no_backward_sync(micro == grad_accum - 1):
             with parts.autocast():
                 out = forward(parts.forward, x)
-            sums = task.sums(out, y, x)
-            loss = sums["loss"] / share if share else sums["loss"] * 0.0
+            if stand_in:  # on the graph, adding nothing (a NaN loss of the row left out)
+                loss = zero_like_graph(out, leave_out=loss_of(out))
+            else:
+                sums = task.sums(out, y, x)
+                loss = sums["loss"] / share if share else sums["loss"] * 0.0
             window.busy.stop(started)
             parts.scaler.scale(loss).backward()
-        window.add(sums, batch_rows(y))
+        if not stand_in:
+            window.add(sums, batch_rows(y))
     if clip_grad > 0:
         parts.scaler.unscale_(parts.optimizer)
         torch.nn.utils.clip_grad_norm_(parts.model.parameters(), clip_grad)
@@ -60,3 +76,9 @@ def count_step_units(task: Task, batches: list, collective_device: torch.device)
     total = torch.tensor([local], dtype=torch.float64, device=collective_device)
     dist.all_reduce(total)
     return float(total.item())
+
+
+def first_row(batch):
+    """The first row of every tensor of a (nested) batch, copied where it is (no device
+    sync; a view would keep the whole batch alive)."""
+    return tree_map(lambda t: t[:1].detach().clone() if isinstance(t, torch.Tensor) and t.dim() else t, batch)

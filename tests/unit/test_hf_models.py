@@ -214,3 +214,37 @@ def test_hf_dir_of_a_bf16_checkpoint_trains_fp32_weights(tmp_path):
     gpt2(1).to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"))
     model = build_hf_model(f"hf:{tmp_path / 'bf16'}", torch.device("cpu"))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_an_empty_micro_batch_never_reaches_the_model_and_adds_nothing(one_rank_group):
+    """GPT-2 cannot take 0 rows: a step whose second micro-batch is empty runs the rank's
+    last real row times 0 instead, under DDP's no_sync and its all-reduce alike."""
+    from hf_data import gpt2
+
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.parallel.build import build_strategy
+    from ray_ddp.worker.parts import TrainParts
+    from ray_ddp.worker.step import train_step
+    from ray_ddp.worker.window import WindowState
+
+    def step(micro_batches):
+        model = gpt2(1)
+        strategy = build_strategy(TrainConfig(strategy="ddp"))
+        wrapped = strategy.setup_module(model, [torch.device("cpu")])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the gradients are the result
+        parts = TrainParts(model, wrapped, wrapped, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1),
+                           torch.amp.GradScaler("cpu", enabled=False), [torch.device("cpu")], strategy)
+        source = type("Source", (), {"micro_batch": lambda self, e, s, m: micro_batches[m]})()
+        window = WindowState.start(torch.device("cpu"), torch.device("cpu"))
+        train_step(parts, build_task("lm", 6, model=model, model_loss=True), source, window, 1, 0,
+                   len(micro_batches), 0.0, torch.device("cpu"))
+        return {n: p.grad.clone() for n, p in model.named_parameters()}, window
+
+    ids = torch.randint(1, 60, (2, 6))
+    full = ({"input_ids": ids, "labels": ids}, ids, 2)
+    empty = ({"input_ids": ids[:0], "labels": ids[:0]}, ids[:0], 2)
+    with_empty, window = step([full, empty])
+    alone, _ = step([full])
+    assert window.samples == 2  # the stand-in row is not counted
+    for name, grad in alone.items():
+        torch.testing.assert_close(with_empty[name], grad)
