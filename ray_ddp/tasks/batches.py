@@ -22,7 +22,10 @@ from ray_ddp.errors import BatchError
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Every tensor of a (nested) batch on ``device`` (non-blocking)."""
+    """Every tensor of a (nested) batch on ``device`` (non-blocking). Any Mapping counts
+    as a dict: a tokenizer's BatchEncoding (a UserDict, a leaf to pytree) is moved too."""
+    if isinstance(batch, Mapping) and not isinstance(batch, dict):
+        batch = {k: to_device(v, device) for k, v in batch.items()}
     return tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, batch)
 
 

@@ -248,3 +248,13 @@ def test_an_empty_micro_batch_never_reaches_the_model_and_adds_nothing(one_rank_
     assert window.samples == 2  # the stand-in row is not counted
     for name, grad in alone.items():
         torch.testing.assert_close(with_empty[name], grad)
+
+
+def test_a_batch_encoding_is_moved_to_the_device_like_a_dict():
+    from transformers import BatchEncoding
+
+    from ray_ddp.tasks.batches import to_device
+
+    batch = BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long)})
+    moved = to_device(batch, torch.device("meta"))  # any device but the one it is on
+    assert moved["input_ids"].device.type == "meta"
