@@ -70,14 +70,18 @@ def read_junit(path: str) -> dict:
     """Counts, pytest's own time and the ten slowest tests of a JUnit report."""
     tree = ET.parse(path).getroot()
     suite = tree if tree.tag == "testsuite" else tree.find("testsuite")
-    cases = []
+    cases, broken = [], []
     for case in suite.iter("testcase"):
         file = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
-        cases.append({"test": f"{file}::{case.get('name')}", "s": float(case.get("time") or 0)})
+        name = f"{file}::{case.get('name')}"
+        cases.append({"test": name, "s": float(case.get("time") or 0)})
+        for kind in ("failure", "error"):
+            for found in case.findall(kind):
+                broken.append(f"{name} ({kind}): {(found.get('message') or '').splitlines()[0][:300]}")
     cases.sort(key=lambda c: -c["s"])
     return {"suite_s": float(suite.get("time")), "wall_s": float(suite.get("time")),
             "tests": int(suite.get("tests")), "failed": int(suite.get("failures")) + int(suite.get("errors")),
-            "skipped": int(suite.get("skipped")), "slowest": cases[:10]}
+            "skipped": int(suite.get("skipped")), "slowest": cases[:10], "failures": broken}
 
 
 def main(argv=None) -> None:
@@ -97,6 +101,8 @@ def main(argv=None) -> None:
         print(f"| of which pytest | {result['suite_s']:.1f} |")
     for case in result.get("slowest", []):
         print(f"{case['s']:7.1f} s  {case['test']}")
+    for line in result.get("failures", []):
+        print(f"FAILED {line}")
     save_result(args, "suite_time", result, [{"round": 1, **{k: v for k, v in result.items() if k != "setup"}}])
 
 

@@ -26,14 +26,25 @@ def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[st
     collate function (``package.module:callable``, or an object the Python API passed,
     which cloudpickle ships by reference to its module) must import on the workers as it
     did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV)."""
-    specs = [spec for spec in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)
-             if spec and ":" in spec and not spec.startswith(("python:", "hf:"))]
-    modules = [spec.split(":")[0] for spec in specs] + [_module_of(obj) for obj in objects]
+    modules = user_modules(cfg) + [_module_of(obj) for obj in objects]
     modules = [m for m in modules if m]
     env = importable_env(*modules) if modules else {}
     if cfg.strategy == "fsdp" and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         env = {**env, "env_vars": {**env.get("env_vars", {}), **FSDP_MALLOC_ENV}}
     return env
+
+
+def user_modules(cfg: TrainConfig) -> list[str]:
+    """The modules of the user's ``package.module:callable`` specs in ``cfg``."""
+    return [spec.split(":")[0] for spec in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)
+            if spec and ":" in spec and not spec.startswith(("python:", "hf:"))]
+
+
+def user_module_paths(cfg: TrainConfig) -> list[str]:
+    """The folders a process needs on its sys.path to import the user's modules in
+    ``cfg`` as this one does (a Tune trial's actor, which runs a driver of its own)."""
+    env = importable_env(*user_modules(cfg))
+    return [p for p in env.get("env_vars", {}).get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def _module_of(obj: Any) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import ConfigError
 from ray_ddp.storage import EVAL_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_table, write_json
+from ray_ddp.cluster.runtime_env import user_module_paths
 from ray_ddp.tune.space import TuneConfig, pick_candidates, sample_space, trial_config
 
 TUNE_DIR, TRIALS_FILE, BEST_FILE = "tune", "trials.parquet", "best.json"
@@ -30,10 +31,17 @@ def trial_name(index: int) -> str:
     return f"trial-{index}"
 
 
-def train_trial(params: dict[str, Any], tc: TuneConfig, storage: str, search: str) -> None:
+def train_trial(params: dict[str, Any], tc: TuneConfig, storage: str, search: str,
+                paths: tuple[str, ...] = ()) -> None:
     """One trial: a ray-ddp run named after Tune's trial index, trained in a thread while
-    this one reports each new validation to Tune (ASHA decides at those)."""
+    this one reports each new validation to Tune (ASHA decides at those). ``paths``: the
+    folders of the user's modules (its model, dataset, loss, collate), which this actor
+    imports as the search's driver did (Ray does not ship the driver's sys.path)."""
+    import sys
+
     import ray.tune
+
+    sys.path[:0] = [p for p in paths if p not in sys.path]
 
     from ray_ddp.driver.run import run
 
@@ -97,6 +105,10 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
     # Tune's own boxes and tables would bury the trials' lines (--verbose brings them back)
     if not base.verbose:
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Tune stages up to 200 trials' actors at once, and whichever starts first runs first:
+    # with no more staged than run at once, trials start in the order the search seed drew
+    # them (a trial's actor only waits on its run, whose workers ask for the resources)
+    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(tc.concurrent))
     # a local Ray gets the trials' workers' CPUs and one more for the trials' own actors
     with attach_ray(base.address, base.verbose,
                     local_cpus=tc.concurrent * workers * (base.cpus_per_worker or 1) + 1):
@@ -132,8 +144,10 @@ def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], No
 
     # a trial's own actor only waits on its ray-ddp run, whose workers hold the CPUs: a
     # token share (Tune refuses a trial of no resources at all)
+    base = trial_config(tc, {k: pick_candidates(*v)[0] for k, v in tc.search.items()}, storage=store.uri, name=name)
     trainable = ray.tune.with_resources(
-        ray.tune.with_parameters(train_trial, tc=tc, storage=store.uri, search=name), {"cpu": TRIAL_CPU})
+        ray.tune.with_parameters(train_trial, tc=tc, storage=store.uri, search=name,
+                                 paths=tuple(user_module_paths(base))), {"cpu": TRIAL_CPU})
     path = f"{root}/{TUNE_DIR}"
     if ray.tune.Tuner.can_restore(path, storage_filesystem=store.fs):
         echo(f"ray-ddp tune: continuing search {name} from {path}")

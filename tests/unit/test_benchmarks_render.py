@@ -254,7 +254,8 @@ def fake_suite_time(mod, monkeypatch):
                                                         "fast_lane_exit": 0})
     monkeypatch.setattr(mod, "time_ci", lambda: {"ci_run_s": 900.0, "ci_exit": 0, "install_s": 150.0,
                                                  "suite_s": 750.0, "tests": 600, "failed": 0, "skipped": 13,
-                                                 "slowest": [{"test": "tests/x.py::test_y", "s": 60.0}]})
+                                                 "slowest": [{"test": "tests/x.py::test_y", "s": 60.0}],
+                                                 "failures": []})
     return lambda out: argv_main(monkeypatch, mod, ["--results-dir", out]), 1
 
 
