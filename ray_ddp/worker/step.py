@@ -52,15 +52,15 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
         with parts.no_backward_sync(micro == grad_accum - 1):
             with parts.autocast():
                 out = forward(parts.forward, x)
+            sums = task.sums(out, y, x)
             if stand_in:  # on the graph, adding nothing (a NaN loss of the row left out)
                 loss = zero_like_graph(out, leave_out=loss_of(out))
+                sums = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0.0 for k, v in sums.items()}
             else:
-                sums = task.sums(out, y, x)
                 loss = sums["loss"] / share if share else sums["loss"] * 0.0
             window.busy.stop(started)
             parts.scaler.scale(loss).backward()
-        if not stand_in:
-            window.add(sums, batch_rows(y))
+        window.add(sums, 0 if stand_in else batch_rows(y))  # the window keeps every sum's key
     if clip_grad > 0:
         parts.scaler.unscale_(parts.optimizer)
         torch.nn.utils.clip_grad_norm_(parts.model.parameters(), clip_grad)
