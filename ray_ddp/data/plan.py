@@ -138,7 +138,8 @@ def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
 
     from ray_ddp.data.user import as_row, is_dict_rows
 
-    if is_dict_rows(ds):  # the row is the input; its labels, if any, the target
+    dict_rows = is_dict_rows(ds)
+    if dict_rows:  # the row is the input; its labels, if any, the target
         x = as_row(ds[0])
         y = x.get("labels")
     else:
@@ -150,14 +151,14 @@ def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
                         "lm" if integer else "regression")
     classes = cfg.num_classes
     builtin = ":" not in cfg.model and cfg.model != "gpt"
-    if task == "classification" and classes is None and builtin and not is_dict_rows(ds):
+    if task == "classification" and classes is None and builtin and not dict_rows:
         # a built-in model needs the class count for its output layer: every label once
         classes = 1 + max(int(ds[i][1]) for i in range(len(ds)))
     x_t = _as_tensor(x)
     input_dim = int(x_t.numel()) if x_t is not None else cfg.input_dim
     output_dim = classes if task == "classification" and classes else (
         int(y_t.numel()) if y_t is not None else cfg.output_dim)
-    unlabeled = tuple(sorted(x)) if is_dict_rows(ds) and y is None else None
+    unlabeled = tuple(sorted(x)) if dict_rows and y is None else None
     return DataShapeConfig(len(ds), input_dim, output_dim, task, classes, example=_example_batch(ds),
                            unlabeled_keys=unlabeled)
 

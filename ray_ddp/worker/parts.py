@@ -35,7 +35,7 @@ class TrainParts:
     scaler: torch.amp.GradScaler
     devices: list[torch.device]
     strategy: Strategy
-    # this rank's last real row (inputs, targets): what an empty micro-batch runs instead
+    # a real row of this rank (inputs, targets), its first: what an empty micro-batch runs instead
     last_row: Any = None
 
     def zero_grad(self) -> None:

@@ -9,7 +9,7 @@ fetched first, so that a task whose units vary (labels of -100) can count them.
 
 An empty micro-batch (a rank's part of an epoch's leftover rows) never reaches the model,
 which may not take 0 rows (GPT-2 cannot reshape them) or may return NaN for them: the
-rank runs its last real row instead, times 0. Every rank still runs the same forwards and
+rank runs its first real row instead, times 0 (kept once: no copy on later steps). Every rank still runs the same forwards and
 backwards (DDP's gradient hooks, FSDP's gathers are collectives), adding nothing.
 """
 
@@ -45,7 +45,7 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
         stand_in = batch_rows(y) == 0 and parts.last_row is not None
         if stand_in:
             x, y = parts.last_row
-        elif batch_rows(y):
+        elif parts.last_row is None and batch_rows(y):
             parts.last_row = first_row(x), first_row(y)
         x, y = to_device(x, in_device), to_device(y, out_device)
         # only the last micro-batch's backward reduces gradients; the others accumulate
