@@ -1,16 +1,15 @@
-"""A run's events: every lost worker, preemption and change of world size, each said in
-one line when it happens and kept in ``events`` of status.json and summary.json. Runs on
-the driver.
+"""A run's events: every lost worker, hang, preemption and change of world size, each
+said in one line when it happens and kept in ``events`` of status.json and summary.json.
+Runs on the driver; ``Event`` and ``restart_event`` also in Ray Train's controller
+(observe/restarts.py records the restarts Ray Train makes itself).
 
-An event is a dict of ``type`` (``failure``, ``hang``, ``preemption``, ``resize``),
-``time`` (seconds since the epoch), ``step`` (the last step the run reported), ``rank``
-and ``node`` (where it happened; None for a resize), ``cause`` (one line),
-``from_checkpoint`` (the checkpoint the run restarted from; None when it stopped or
-went on) and ``steps_lost`` (steps to redo).
+Every event is an ``Event`` (its fields below), kept as its dict in the JSON files.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 from typing import Any, Optional
 
@@ -19,14 +18,59 @@ from ray_ddp.driver.failures import FailureSummary
 KINDS = ("failure", "hang", "preemption", "resize")
 
 
-def failure_event(failure: FailureSummary, step: Optional[int], restarted_from: Optional[str],
-                  resumed_step: int, preemption: bool) -> dict[str, Any]:
-    """A failed worker group, as the driver saw it: restarted from ``restarted_from``
-    (whose step is ``resumed_step``), or the run's end (``restarted_from`` None)."""
-    lost = max(0, step - resumed_step) if step is not None and restarted_from is not None else 0
-    return {"type": "preemption" if preemption else "failure", "time": time.time(), "step": step,
-            "rank": failure.rank, "node": failure.node, "cause": failure.cause,
-            "from_checkpoint": restarted_from, "steps_lost": lost}
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """``type``: one of KINDS; ``time``: seconds since the epoch; ``step``: the last step
+    any rank finished (as far as the run knows); ``rank`` and ``node``: where it
+    happened (None for a resize, or when Ray did not say); ``cause``: one line;
+    ``restarted``: a new worker group took over; ``from_checkpoint``: the checkpoint it
+    loaded (None: from scratch, or no restart); ``steps_lost``: steps it had to redo."""
+
+    type: str
+    time: Optional[float]
+    step: Optional[int]
+    rank: Optional[int]
+    node: Optional[str]
+    cause: str
+    from_checkpoint: Optional[str] = None
+    steps_lost: int = 0
+    restarted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def checkpoint_step(name: Optional[str]) -> int:
+    """The step of a checkpoint folder's name (step-00000800 -> 800); 0 for none."""
+    found = re.search(r"step-(\d+)", name or "")
+    return int(found[1]) if found else 0
+
+
+def failure_event(failure: FailureSummary, step: Optional[int], restarted: bool, checkpoint: Optional[str],
+                  preemption: bool) -> dict[str, Any]:
+    """A failed worker group, as the driver saw it: restarted (from ``checkpoint``, None
+    for scratch), or the run's end."""
+    lost = max(0, step - checkpoint_step(checkpoint)) if step is not None and restarted else 0
+    return Event("preemption" if preemption else "failure", time.time(), step, failure.rank, failure.node,
+                 failure.cause, checkpoint if restarted else None, lost, restarted).to_dict()
+
+
+def restart_event(failure: FailureSummary, step: int, checkpoint: Optional[str], preemption: bool
+                  ) -> dict[str, Any]:
+    """A worker group that Ray Train restarted itself (within --max-failures, or after a
+    preemption), from ``checkpoint`` (None: from scratch) after ``step``."""
+    why = ("Ray Train restarted the workers at the preemption's deadline" if preemption else
+           "Ray Train restarted the worker group (within --max-failures)")
+    cause = why if failure.rank < 0 else f"rank {failure.rank} {_what_happened(failure)}; {why}"
+    return Event("preemption" if preemption else "failure", time.time(), step,
+                 failure.rank if failure.rank >= 0 else None, failure.node if failure.rank >= 0 else None,
+                 cause, checkpoint, max(0, step - checkpoint_step(checkpoint)), True).to_dict()
+
+
+def _what_happened(failure: FailureSummary) -> str:
+    if failure.lost in ("process", "node"):
+        return f"was lost ({failure.cause})"
+    return failure.cause if failure.lost == "peer" else f"failed: {failure.cause}"
 
 
 def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) -> list[dict[str, Any]]:
@@ -37,15 +81,13 @@ def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) ->
         if r["rank"] == 0 and r.get("preempted_node"):
             from ray_ddp.checkpoint.format import checkpoint_dir_name
 
-            events.append({"type": "preemption", "time": r["time"], "step": int(r["step"]), "rank": None,
-                           "node": r["preempted_node"], "cause": "the node's preemption notice",
-                           "from_checkpoint": checkpoint_dir_name(int(r["step"])), "steps_lost": 0})
+            events.append(Event("preemption", r["time"], int(r["step"]), None, r["preempted_node"],
+                                "the node's preemption notice", checkpoint_dir_name(int(r["step"])), 0,
+                                True).to_dict())
     for before, after in zip(stretches, stretches[1:]):
         at = [r["time"] for r in rows if r["step"] == before["to_step"]]
-        events.append({"type": "resize", "time": max(at) if at else None, "step": before["to_step"],
-                       "rank": None, "node": None,
-                       "cause": f"world size {before['world_size']} -> {after['world_size']}",
-                       "from_checkpoint": None, "steps_lost": 0})
+        events.append(Event("resize", max(at) if at else None, before["to_step"], None, None,
+                            f"world size {before['world_size']} -> {after['world_size']}").to_dict())
     return events
 
 
@@ -61,19 +103,18 @@ def attribute_hangs(restarts: list[dict[str, Any]], hangs: list[dict[str, Any]]
         if k is None:
             pending.append(hang)
         else:
-            out[k] = restarted_after_hang(hang, out[k]["from_checkpoint"], out[k]["steps_lost"])
+            out[k] = restarted_after_hang(hang, out[k])
     return out, pending
 
 
-def restarted_after_hang(hang: dict[str, Any], checkpoint: Optional[str], steps_lost: int) -> dict[str, Any]:
-    """The hang, restarted from ``checkpoint``: the steps lost count from the hang's step
-    (the watch knows it from the heartbeats; a restart only from the reports)."""
-    import re
-
-    found = re.search(r"step-(\d+)", checkpoint or "")
-    since = int(found[1]) if found else 0
-    lost = max(steps_lost, hang["step"] - since) if checkpoint is not None else 0
-    return {**hang, "from_checkpoint": checkpoint, "steps_lost": lost}
+def restarted_after_hang(hang: dict[str, Any], restart: dict[str, Any]) -> dict[str, Any]:
+    """The hang, told with the restart that followed it: where the new group started
+    from; the steps lost count from the hang's step too (the watch knows it from the
+    heartbeats)."""
+    restarted = restart.get("restarted", restart.get("from_checkpoint") is not None)
+    since = checkpoint_step(restart.get("from_checkpoint"))
+    lost = max(restart.get("steps_lost") or 0, hang["step"] - since) if restarted else 0
+    return {**hang, "from_checkpoint": restart.get("from_checkpoint"), "restarted": restarted, "steps_lost": lost}
 
 
 def merge_events(*lists: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -91,5 +132,18 @@ def merge_events(*lists: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def count_restarts(events: list[dict[str, Any]]) -> int:
-    """Restarts of the worker group: the failures and preemptions it went on from."""
-    return sum(1 for e in events if e["type"] in ("failure", "hang", "preemption") and e.get("from_checkpoint"))
+    """Restarts of the worker group: the failures, hangs and preemptions it went on from
+    (from a checkpoint or from scratch; a record older than ``restarted`` is told by its
+    checkpoint)."""
+    return sum(1 for e in events if e["type"] in ("failure", "hang", "preemption") and is_restart(e))
+
+
+def is_restart(event: dict[str, Any]) -> bool:
+    return bool(event.get("restarted", event.get("from_checkpoint")))
+
+
+def where_restarted(event: dict[str, Any]) -> str:
+    """'restarted from step-00000800' / 'restarted from scratch', or '' (no restart)."""
+    if not is_restart(event):
+        return ""
+    return f"restarted from {event.get('from_checkpoint') or 'scratch'}"

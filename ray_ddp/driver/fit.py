@@ -59,16 +59,14 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
                 preemptions_before = restarts.preemptions
                 why = _decide_restart(err, restarts, cfg, placement, store, scan)
                 if err.failure is not None:
-                    event = failure_event(err.failure, err.step, None if why is None else
-                                          (scan.latest or "the start"),
-                                          scan.meta["step"] if scan.meta else 0,
+                    event = failure_event(err.failure, err.step, why is not None, scan.latest,
                                           preemption=restarts.preemptions > preemptions_before)
                     if pending:
-                        event = restarted_after_hang(pending[-1], event["from_checkpoint"], event["steps_lost"])
+                        event = restarted_after_hang(pending[-1], event)
                     events.append(event)
                 if why is None:
                     raise
-                echo(f"{err}; restarting from {scan.latest or 'the start'} ({why})"
+                echo(f"{err}; restarting from {scan.latest or 'scratch'} ({why})"
                      + _steps_to_redo(err.step, scan.meta))
                 write_status(store, run_path, "running", cfg, placement,
                              events=merge_events(earlier + events))
@@ -149,7 +147,10 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
 
     from ray_ddp.worker.loop import train_loop_per_worker
     from ray_ddp.observe.callback import MetricsCallback
+    from ray_ddp.observe.restarts import RestartRecorder
 
+    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps, tensorboard=cfg.tensorboard,
+                              keep=cfg.keep, keep_best=cfg.keep_best, tracking=tracking)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=plan,
@@ -172,9 +173,8 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
             # a preemption restart is counted apart from failures (Ray tells them apart)
             failure_config=FailureConfig(max_failures=cfg.max_failures or 0,
                                          max_preemption_failures=cfg.max_preemptions),
-            callbacks=[MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps,
-                                       tensorboard=cfg.tensorboard, keep=cfg.keep, keep_best=cfg.keep_best,
-                                       tracking=tracking)],
+            # the recorder holds the metrics callback: one pickle, so one object in the controller
+            callbacks=[metrics, RestartRecorder(metrics, plan.hang_watch, plan.resume_from)],
             worker_runtime_env=worker_runtime_env(cfg, [v for v in objects.values() if v is not None]),
         ),
     )

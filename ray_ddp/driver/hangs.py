@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+from ray_ddp.driver.events import Event
 
 # Seconds the watch waits for the ranks' own stacks before asking py-spy on their node.
 STACKS_WAIT_S = 10.0
@@ -59,6 +60,10 @@ class WatchState:
             return None
         return {"step": min(r["step"] for r in ranks), "since_s": since}
 
+    def last_step(self) -> int:
+        """The last step any rank of the current group finished, as far as its beats said."""
+        return max((r["step"] for r in self.ranks.values()), default=0)
+
     def retire(self) -> None:
         """The group is being ended: forget it and ignore its processes from now on."""
         self.retired |= {r["pid"] for r in self.ranks.values()}
@@ -76,6 +81,9 @@ class HangWatch:
 
     def stalled(self):
         return self.state.stalled(time.monotonic())
+
+    def last_step(self):
+        return self.state.last_step()
 
     def ask_for_stacks(self) -> dict[int, dict[str, Any]]:
         self.state.asking = True
@@ -167,9 +175,8 @@ def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, 
     if waiting and stuck:
         cause += f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} in one"
     first = stuck[0] if stuck else None
-    return {"type": "hang", "time": time.time(), "step": stall["step"], "rank": first,
-            "node": (ranks[first]["ip"] or ranks[first]["node"]) if first is not None else None, "cause": cause,
-            "from_checkpoint": None, "steps_lost": 0}
+    return Event("hang", time.time(), stall["step"], first,
+                 (ranks[first]["ip"] or ranks[first]["node"]) if first is not None else None, cause).to_dict()
 
 
 def write_stacks(fs, folder: str, stacks: dict[int, dict[str, Any]]) -> None:

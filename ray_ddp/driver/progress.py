@@ -15,6 +15,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
+from ray_ddp.driver.events import where_restarted
 from ray_ddp.storage import PROGRESS_FILE, StorageConfig, read_json
 
 
@@ -47,7 +48,7 @@ def format_event(e: dict[str, Any]) -> str:
     if e["type"] == "resize":
         return f"resize after step {e['step']}: {e['cause']}"
     redo = e.get("steps_lost") or 0
-    return (f"{e['type']} after step {e['step']}: {e['cause']}; restarted from {e['from_checkpoint']}"
+    return (f"{e['type']} after step {e['step']}: {e['cause']}; {where_restarted(e) or 'not restarted'}"
             + (f": {redo} step{'s' if redo != 1 else ''} to redo" if redo else ""))
 
 
@@ -113,8 +114,10 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     told_events = {(e["type"], e["time"]) for e in (seen.get("events") or [] if seen else [])}
     stop = threading.Event()
 
+    shown = None  # (step, time) of the report shown last
+
     def show_new() -> None:
-        nonlocal last_time, told
+        nonlocal last_time, told, shown
         try:
             p = read_json(store.fs, path)
         except ValueError:  # written atomically, so only a file someone else put there
@@ -136,6 +139,11 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
             if (event["type"], event["time"]) not in told_events:
                 told_events.add((event["type"], event["time"]))
                 (bar.write if bar else echo)(format_event(event))
+        # a write that only added an event or a new group's nodes is not a new report
+        report = (p.get("step"), p.get("report_time", p["time"]))
+        if p.get("step") is None or report == shown:
+            return
+        shown = report
         if bar is not None:
             bar.show(p)
         else:

@@ -11,6 +11,8 @@ import pyarrow as pa
 from ray.train import UserCallback
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json, write_table
 from ray_ddp.checkpoint.retention import prune_checkpoints
+from ray_ddp.driver.events import Event, restart_event
+from ray_ddp.driver.failures import FailureSummary
 from ray_ddp.observe.schema import COLUMNS, EVAL_SCHEMA, SCHEMA, eval_row, unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report
@@ -32,6 +34,9 @@ class MetricsCallback(UserCallback):
         self._stragglers = StragglerState()
         self._preemptions: list[dict[str, Any]] = []  # shown by the driver as they come
         self._events: list[dict[str, Any]] = []  # worker-group restarts within this fit
+        self._restart_recorded = False  # observe/restarts.py recorded the group's restart
+        self._nodes: dict[str, Any] = {}  # rank -> node ID of the group now running
+        self._progress: dict[str, Any] = {}  # progress.json as last written
         self._last_step: Optional[int] = None  # the last step reported in this fit
         self._last_checkpoint: Optional[tuple[str, int]] = None  # (its folder, its step)
         self._tb = None
@@ -73,8 +78,10 @@ class MetricsCallback(UserCallback):
         progress["mlflow_failed"] = self._tracking_failed
         self._last_step = int(windows[-1][0]["step"])
         # where each rank runs: the driver names the rank and node of a failure with it
-        progress["nodes"] = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
-        write_json(store.fs, f"{run_path}/{PROGRESS_FILE}", progress)
+        self._nodes = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
+        progress["nodes"] = self._nodes
+        progress["report_time"] = progress["time"]  # "time" also moves with a later event
+        self._write_progress(progress)
         if self.tensorboard:
             for window in windows:
                 self._write_tensorboard(store.path_on_disk(self.name), window)
@@ -89,20 +96,50 @@ class MetricsCallback(UserCallback):
             if self.keep_best:
                 prune_checkpoints(store.fs, run_path, self.keep, self._evals)
 
+    # What observe/restarts.py's RestartRecorder (the same controller) reads and records.
+
+    def last_step(self) -> Optional[int]:
+        return self._last_step
+
+    def last_checkpoint_name(self) -> Optional[str]:
+        return self._last_checkpoint[0] if self._last_checkpoint else None
+
+    def preempted_at(self, step: int) -> bool:
+        """Whether the checkpoint at ``step`` was saved for a node's preemption notice."""
+        return bool(self._preemptions) and self._preemptions[-1]["step"] == step
+
+    def note_group(self, nodes: dict[str, Any]) -> None:
+        """A worker group started: where its ranks run, in progress.json at once, so a
+        failure before its first report still names the node."""
+        self._nodes = nodes
+        self._write_progress({**self._progress, "nodes": nodes, "time": time.time()})
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """A restart, in progress.json at once: the driver says it as it happens."""
+        self._events.append(event)
+        self._restart_recorded = True
+        self._write_progress({**self._progress, "events": self._events, "nodes": self._nodes,
+                              "time": time.time()})
+
+    def _write_progress(self, progress: dict[str, Any]) -> None:
+        """progress.json whole; its ``time`` changes at each write (the driver polls it)."""
+        store = resolve_storage(self.storage)
+        self._progress = progress
+        write_json(store.fs, f"{store.run_path(self.name)}/{PROGRESS_FILE}", progress)
+
     def _note_restart(self, first_window: list[dict[str, Any]]) -> None:
         """Record an event when this report opens a new worker group within this fit (its
-        ranks' first rows carry ``started_at``): Ray Train restarted it after a failure
-        (``--max-failures``) or at a preemption's deadline. driver/events.py's fields."""
+        ranks' first rows carry ``started_at``) and RestartRecorder did not record its
+        restart as it happened (its hooks are Ray's DeveloperAPI: a fallback that holds
+        if they stop being called). driver/events.py's fields."""
         if self._last_step is None or not any(m.get("started_at") is not None for m in first_window):
             return
-        name, at = self._last_checkpoint or ("the start", 0)
-        preempted = bool(self._preemptions) and self._preemptions[-1]["step"] == at
-        self._events.append({
-            "type": "preemption" if preempted else "failure", "time": time.time(), "step": self._last_step,
-            "rank": None, "node": None,
-            "cause": ("Ray Train restarted the workers at the preemption's deadline" if preempted else
-                      "Ray Train restarted the worker group (within --max-failures)"),
-            "from_checkpoint": name, "steps_lost": max(0, self._last_step - at)})
+        if self._restart_recorded:
+            self._restart_recorded = False
+            return
+        name, at = self._last_checkpoint or (None, 0)
+        self._events.append(restart_event(FailureSummary(-1, "?", None, ""), self._last_step, name,
+                                          self.preempted_at(at)))
 
     def _note_resize(self, first_window: list[dict[str, Any]]) -> None:
         """Record a resize when a new worker group runs at another world size than the rows
@@ -114,9 +151,8 @@ class MetricsCallback(UserCallback):
         before = sum(1 for r in self._rows if r["step"] == last)
         after = len(first_window)
         if before != after:
-            self._events.append({"type": "resize", "time": time.time(), "step": int(last), "rank": None,
-                                 "node": None, "cause": f"world size {before} -> {after}",
-                                 "from_checkpoint": None, "steps_lost": 0})
+            self._events.append(Event("resize", time.time(), int(last), None, None,
+                                      f"world size {before} -> {after}").to_dict())
 
     def _track(self, window: list[dict[str, Any]]) -> None:
         """--mlflow: the window over every rank as MLflow metrics at its step; on the

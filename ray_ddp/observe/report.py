@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Optional
 from ray_ddp.errors import ConfigError
+from ray_ddp.driver.events import where_restarted
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, StorageConfig, read_table, resolve_storage
 
 
@@ -34,7 +35,7 @@ class ReportSummary:
                  f"report on average, {ratio:.2f}x the median rank's {self.median_step_time_s:.4f} s)"]
         for e in self.events:
             where = f" rank {e['rank']}" if e.get("rank") is not None else ""
-            then = f"; restarted from {e['from_checkpoint']}" if e.get("from_checkpoint") else ""
+            then = f"; {where_restarted(e)}" if where_restarted(e) else ""
             lines.append(f"{e['type']} at step {e['step']}:{where} {e['cause']}{then}")
         return "\n".join(lines)
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.errors import ConfigError
+from ray_ddp.driver.events import count_restarts
 from ray_ddp.storage import PROGRESS_FILE, STATUS_FILE, StorageConfig, read_json, resolve_storage
 from ray_ddp.errors import StorageError
 
@@ -73,8 +74,7 @@ def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunLis
         name=name, state=state, epochs_done=(scan.meta or {}).get("epoch", 0),
         epochs=status.get("epochs"), last_loss=progress.get("loss"), checkpoint=scan.latest,
         world_size=status.get("world_size"), started=status.get("created"),
-        restarts=sum(1 for e in status.get("events") or []
-                     if e.get("type") in ("failure", "hang", "preemption") and e.get("from_checkpoint")),
+        restarts=count_restarts(status.get("events") or []),
     )
 
 

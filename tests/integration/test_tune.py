@@ -1,8 +1,13 @@
 """`ray-ddp tune` on the shared local Ray: 3 trials one at a time, started in the order
-the search seed drew them, so which trial reaches a rung first is fixed, not timing (ASHA's rule itself, at every
-order, is tests/unit/test_tune_space.py's); ASHA stops the poor one early;
-trials.parquet and best.json say what happened; every trial is a whole ray-ddp run in its
-own folder; the preflight refuses a search the cluster cannot hold."""
+the search seed drew them; trials.parquet and best.json say what happened, whatever ASHA
+decided; every trial is a whole ray-ddp run in its own folder; the preflight refuses a
+search the cluster cannot hold.
+
+Whether ASHA's stop reaches a poor trial before it ends depends on how loaded the machine
+is (the stop travels from Tune to the trial's actor to its run), so this test asserts
+nothing that timing decides: ASHA's rule, at every order, is tests/unit/test_tune_space.py's;
+here, that a trial Tune stopped is recorded as stopped, with fewer epochs and a folder
+that can resume, and one that was not ran to the end."""
 
 from __future__ import annotations
 
@@ -54,17 +59,17 @@ def test_asha_stops_the_poor_trial_and_best_json_names_the_lowest_val_loss(searc
     assert {"lr", "val_loss", "epochs", "stopped_early", "run"} <= set(table[0])
     by_trial = {r["trial"]: r for r in table}
     assert [by_trial[t]["lr"] for t in (0, 1, 2)] == [0.01, 1e-6, 1e-6]  # the seed's draws
-    # the first trial is first at every rung: it runs to the end; each poor one is worse
-    # than the median of those before it at the first rung (epoch 1) and stopped there
+    # the first trial is first at every rung: it runs to the end, whatever the timing
     assert (by_trial[0]["epochs"], by_trial[0]["stopped_early"]) == (4, False)
-    assert [(by_trial[t]["epochs"], by_trial[t]["stopped_early"]) for t in (1, 2)] == [(1, True), (1, True)]
-    assert all(r["epochs"] < 4 for r in table if r["stopped_early"])
+    for r in table:  # stopped or not, each trial's record says which
+        assert (r["epochs"] < 4) == r["stopped_early"] and not r["unfinished"] and r["error"] is None, r
     best = json.loads((storage / "search" / "best.json").read_text())
     lowest = min(table, key=lambda r: r["val_loss"])
     assert best["trial"] == lowest["trial"] and best["val_loss"] == lowest["val_loss"]
     assert best["params"] == {"lr": lowest["lr"]} and best["params"]["lr"] == 0.01
     assert len([line for line in lines if " started: lr=" in line]) == 3
-    assert any("stopped early by ASHA" in line for line in lines), lines
+    stopped = [r["trial"] for r in table if r["stopped_early"]]
+    assert len([line for line in lines if "stopped early by ASHA" in line]) == len(stopped), lines
 
 
 def test_every_trial_is_a_whole_ray_ddp_run(searched, storage):
@@ -73,7 +78,6 @@ def test_every_trial_is_a_whole_ray_ddp_run(searched, storage):
     folder = storage / "search" / f"trial-{best['trial']}"
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["epochs_completed"] == 4 and best["checkpoint"].startswith(str(folder))
-    assert not (storage / "search" / "trial-1" / "summary.json").exists(), "stopped mid-run"
     evals = pq.read_table(folder / "eval.parquet").to_pylist()
     assert [r["epoch"] for r in evals] == [1, 2, 3, 4] and evals[-1]["loss"] == pytest.approx(best["val_loss"])
     for r in rows:

@@ -1,17 +1,53 @@
 """A run's events without Ray: a lost worker's record, what the metrics table adds
 (preemption checkpoints, resizes), merging them once each, and the restarts column."""
 
-from ray_ddp.driver.events import count_restarts, failure_event, merge_events, table_events
+from ray_ddp.driver.events import (Event, count_restarts, failure_event, merge_events, restart_event,
+                                   restarted_after_hang, table_events, where_restarted)
 from ray_ddp.driver.failures import FailureSummary
+from ray_ddp.driver.progress import format_event
+
+FIELDS = {"type", "time", "step", "rank", "node", "cause", "from_checkpoint", "steps_lost", "restarted"}
 
 
 def test_a_lost_worker_is_recorded_with_every_field():
     lost = FailureSummary(1, "10.0.0.7", "process", "its process 7 died", node_id="b")
-    event = failure_event(lost, 37, "step-00000020", 20, preemption=False)
-    assert {k: event[k] for k in ("type", "step", "rank", "node", "cause", "from_checkpoint", "steps_lost")} == {
+    event = failure_event(lost, 37, True, "step-00000020", preemption=False)
+    assert set(event) == FIELDS
+    assert {k: event[k] for k in FIELDS - {"time"}} == {
         "type": "failure", "step": 37, "rank": 1, "node": "10.0.0.7", "cause": "its process 7 died",
-        "from_checkpoint": "step-00000020", "steps_lost": 17}
-    assert failure_event(lost, 37, None, 20, preemption=False)["steps_lost"] == 0  # the run stopped
+        "from_checkpoint": "step-00000020", "steps_lost": 17, "restarted": True}
+    stopped = failure_event(lost, 37, False, "step-00000020", preemption=False)  # the run ended there
+    assert (stopped["from_checkpoint"], stopped["steps_lost"], stopped["restarted"]) == (None, 0, False)
+    assert where_restarted(stopped) == "" and count_restarts([stopped]) == 0
+
+
+def test_a_restart_from_scratch_counts_every_step_and_says_so():
+    lost = FailureSummary(1, "10.0.0.7", "process", "its process 7 died")
+    event = restart_event(lost, 14, None, preemption=False)
+    assert set(event) == FIELDS
+    assert (event["rank"], event["node"], event["from_checkpoint"], event["steps_lost"], event["restarted"]) == \
+        (1, "10.0.0.7", None, 14, True)
+    assert event["cause"] == ("rank 1 was lost (its process 7 died); Ray Train restarted the worker group "
+                              "(within --max-failures)")
+    assert format_event(event) == (f"failure after step 14: {event['cause']}; restarted from scratch: "
+                                   "14 steps to redo")
+    assert count_restarts([event]) == 1  # a restart from scratch is a restart
+    later = restart_event(lost, 53, "step-00000040", preemption=False)
+    assert (later["from_checkpoint"], later["steps_lost"]) == ("step-00000040", 13)
+    assert format_event(later).endswith("; restarted from step-00000040: 13 steps to redo")
+    # Ray named no rank: the event says so rather than guess
+    unknown = restart_event(FailureSummary(-1, "?", None, ""), 9, None, preemption=True)
+    assert (unknown["type"], unknown["rank"], unknown["node"]) == ("preemption", None, None)
+
+
+def test_a_hang_is_told_with_the_restart_that_followed_it():
+    hang = Event("hang", 5.0, 14, 1, "10.0.0.7", "hang: no rank finished a step").to_dict()
+    scratch = restart_event(FailureSummary(1, "10.0.0.7", "peer", "lost its connection"), 12, None, False)
+    told = restarted_after_hang(hang, scratch)
+    assert (told["type"], told["from_checkpoint"], told["restarted"], told["steps_lost"]) == ("hang", None, True, 14)
+    old_record = {k: v for k, v in hang.items() if k != "restarted"}  # a record from before "restarted"
+    old_record.update(type="failure", from_checkpoint="step-00000010", steps_lost=2)
+    assert restarted_after_hang(hang, old_record)["steps_lost"] == 4 and count_restarts([old_record]) == 1
 
 
 def test_the_table_adds_preemptions_and_resizes_and_each_is_kept_once():

@@ -97,7 +97,7 @@ def test_a_restart_after_a_hang_is_told_as_the_hang():
     restart = {"type": "failure", "time": 30.0, "step": 10, "rank": None, "node": None, "cause": "restarted",
                "from_checkpoint": "step-00000010", "steps_lost": 0}
     told, pending = attribute_hangs([restart], [hang])
-    assert pending == [] and told == [{**hang, "from_checkpoint": "step-00000010", "steps_lost": 4}]
+    assert pending == [] and told == [{**hang, "from_checkpoint": "step-00000010", "steps_lost": 4, "restarted": True}]
     told, pending = attribute_hangs([], [hang])  # the run stopped there: the driver tells it
     assert told == [] and pending == [hang]
 

@@ -1,0 +1,96 @@
+"""The restart recorder without a cluster: Ray Train's own status and decision types fed
+to its hooks in the order the controller calls them (a group starts, a poll finds a dead
+rank, the failure policy decides), and what lands in progress.json. The hooks' wiring
+into a real controller is tests/integration/test_trust.py's killed-before-the-first-
+checkpoint run; their names and signatures in this Ray are tests/unit/test_ray_hooks.py's."""
+
+from __future__ import annotations
+
+import json
+
+from ray.exceptions import ActorDiedError
+from ray.train.v2._internal.execution.context import DistributedContext
+from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
+from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, Worker
+
+from ray_ddp.observe.callback import MetricsCallback
+from ray_ddp.observe.ray_hooks import FailureDecision
+from ray_ddp.observe.restarts import RestartRecorder
+
+
+class StartedGroup:
+    """What after_worker_group_start reads of Ray Train's WorkerGroup: its workers."""
+
+    def __init__(self, workers):
+        self.workers = workers
+
+    def get_workers(self):
+        return self.workers
+
+
+def group(ips):
+    return StartedGroup([
+        Worker(actor=None, metadata=ActorMetadata(hostname=f"h{r}", node_id=f"node{r}" * 8, node_ip=ip, pid=100 + r,
+                                                  accelerator_ids={}), resources={},
+               distributed_context=DistributedContext(world_rank=r, world_size=len(ips), local_rank=r,
+                                                      local_world_size=len(ips), node_rank=r))
+        for r, ip in enumerate(ips)])
+
+
+def dead(rank):
+    return WorkerGroupPollStatus({0: WorkerStatus(running=True), rank: WorkerStatus(running=False, error=ActorDiedError())})
+
+
+def fit_metrics(tmp_path):
+    """A fit's MetricsCallback, its run folder made (the driver writes status.json there first)."""
+    (tmp_path / "r").mkdir()
+    return MetricsCallback(str(tmp_path), "r", epochs=2, total_steps=40)
+
+
+def progress(tmp_path, name="r"):
+    return json.loads((tmp_path / name / "progress.json").read_text())
+
+
+def test_a_rank_lost_before_any_report_is_recorded_with_its_node_and_scratch(tmp_path):
+    metrics = fit_metrics(tmp_path)
+    recorder = RestartRecorder(metrics)
+    recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.2"]))
+    assert progress(tmp_path)["nodes"] == {"0": "node0" * 8, "1": "node1" * 8}  # known before a report
+    recorder.after_worker_group_poll_status(dead(1))
+    recorder.after_worker_group_poll_status(dead(1))  # the next poll sees the same failure
+    recorder.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    [event] = progress(tmp_path)["events"]
+    assert (event["type"], event["rank"], event["node"], event["from_checkpoint"], event["restarted"]) == \
+        ("failure", 1, "10.0.0.2", None, True)
+    assert "rank 1 was lost" in event["cause"] and "--max-failures" in event["cause"]
+    # the new group's first report does not record the same restart again
+    recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.3"]))
+    metrics._note_restart([{"started_at": 1.0}])
+    assert len(metrics._events) == 1
+
+
+def test_a_resumed_fit_restarts_from_the_checkpoint_it_began_with(tmp_path):
+    metrics = fit_metrics(tmp_path)
+    metrics._last_step = 27  # this fit reported step 27, and saved no checkpoint yet
+    recorder = RestartRecorder(metrics, resumed_from="step-00000020")
+    recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.2"]))
+    recorder.after_worker_group_poll_status(dead(0))
+    recorder.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    [event] = progress(tmp_path)["events"]
+    assert (event["rank"], event["step"], event["from_checkpoint"], event["steps_lost"]) == (0, 27, "step-00000020", 7)
+
+
+def test_a_failure_ray_does_not_retry_is_left_to_the_driver(tmp_path):
+    metrics = fit_metrics(tmp_path)
+    recorder = RestartRecorder(metrics)
+    recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.2"]))
+    recorder.after_worker_group_poll_status(dead(1))
+    recorder.before_controller_execute_failure_decision(FailureDecision.RAISE)
+    assert "events" not in progress(tmp_path) and metrics._events == []
+
+
+def test_a_hook_that_fails_never_fails_the_run():
+    recorder = RestartRecorder(metrics=None)  # every record it tries to keep raises
+    recorder.after_worker_group_start(group(["10.0.0.1"]))
+    recorder.after_worker_group_poll_status(dead(0))
+    recorder.before_controller_execute_failure_decision(FailureDecision.RETRY)
