@@ -30,17 +30,17 @@ class WatchState:
 
     timeout_s: float
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
-    retired: set = field(default_factory=set)
+    retired: set = field(default_factory=set)  # (node, pid) of ended groups' processes: pids repeat across nodes
     asking: bool = False  # stacks were asked for: the ranks answer at their next beat
     stacks: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def beat(self, rank: int, pid: int, node: str, ip: str, step: int, progress: int, paused: bool,
              now: float) -> Optional[str]:
-        if pid in self.retired:
+        if (node, pid) in self.retired:
             return None
         known = self.ranks.get(rank)
-        if known is not None and known["pid"] != pid:  # a new worker group: start afresh
-            self.retired |= {r["pid"] for r in self.ranks.values()}
+        if known is not None and (known["node"], known["pid"]) != (node, pid):  # a new worker group: start afresh
+            self.retired |= {(r["node"], r["pid"]) for r in self.ranks.values()}
             self.ranks = {}
             known = None
         if known is None or known["progress"] != progress:
@@ -65,9 +65,16 @@ class WatchState:
         return max((r["step"] for r in self.ranks.values()), default=0)
 
     def retire(self) -> None:
-        """The group is being ended: forget it and ignore its processes from now on."""
-        self.retired |= {r["pid"] for r in self.ranks.values()}
+        """The group was ended: forget it and ignore its processes from now on."""
+        self.retired |= {(r["node"], r["pid"]) for r in self.ranks.values()}
         self.ranks, self.stacks, self.asking = {}, {}, False
+
+    def rearm(self, now: float) -> None:
+        """The group could not be ended: watch it again from now (still stalled after
+        another ``timeout_s``, it is handled again), never stay asking for stacks."""
+        self.stacks, self.asking = {}, False
+        for r in self.ranks.values():
+            r["changed_at"] = now
 
 
 class HangWatch:
@@ -97,6 +104,9 @@ class HangWatch:
 
     def retire(self):
         self.state.retire()
+
+    def rearm(self):
+        self.state.rearm(time.monotonic())
 
 
 class HangMonitor:
@@ -141,25 +151,52 @@ class HangMonitor:
                 self.echo(f"warning: the hang watch could not check the ranks ({type(err).__name__}: {err})")
 
     def _handle(self, stall: dict[str, Any]) -> None:
+        """Stacks, line and event are best-effort; ending the group is not: whatever
+        fails before, the hung processes are killed (retried), and the watch is never
+        left asking. A group it could not end is watched again, and handled again."""
         import ray
 
         ranks = ray.get(self.actor.ask_for_stacks.remote(), timeout=30)
+        ended = False
+        try:
+            stacks = self._collect_stacks(ranks)
+            folder = f"{self.run_path}/hangs/{stall['step']}"
+            try:
+                write_stacks(self.store.fs, folder, stacks)
+                where = f"stacks in {folder}/"
+            except Exception as err:  # an unwritable hangs/ must not keep a hung group alive
+                where = f"stacks not written ({type(err).__name__}: {err})"
+            event = hang_event(stall, ranks, stacks)
+            self.hangs.append(event)
+            self.echo(f"{event['cause']}; {where}; ending the worker group")
+        finally:
+            ended = end_group(list(ranks.values()), _kill_ray, _alive_ray)
+            if not ended:
+                self.echo("warning: the hang watch could not end the hung worker group (its kills did "
+                          "not take); it keeps watching and tries again")
+            ray.get(self.actor.retire.remote() if ended else self.actor.rearm.remote(), timeout=30)
+
+    def _collect_stacks(self, ranks: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Every rank's stacks: its own answer, else py-spy's on its node, else a line
+        saying neither came (a loaded node, a node that is gone)."""
+        import ray
+
         deadline = time.monotonic() + STACKS_WAIT_S
-        stacks = {}
+        stacks: dict[int, dict[str, Any]] = {}
         while time.monotonic() < deadline and len(stacks) < len(ranks):
             time.sleep(0.5)
-            stacks = ray.get(self.actor.stacks.remote(), timeout=30)
+            try:
+                stacks = ray.get(self.actor.stacks.remote(), timeout=30)
+            except Exception:
+                break
         for rank in set(ranks) - set(stacks):  # its heartbeat thread is stuck too: ask py-spy
-            text = ray.get(_dump_on_node(ranks[rank]), timeout=60)
+            try:
+                text = ray.get(_dump_on_node(ranks[rank]), timeout=60)
+            except Exception as err:
+                text = f"no stacks: py-spy on its node did not answer ({type(err).__name__})\n"
             stacks[rank] = {"text": text or "no stacks: the rank did not answer and py-spy could "
                             "not attach\n", "waiting": False, "where": "its heartbeat stopped too"}
-        folder = f"{self.run_path}/hangs/{stall['step']}"
-        write_stacks(self.store.fs, folder, stacks)
-        event = hang_event(stall, ranks, stacks)
-        self.hangs.append(event)
-        self.echo(f"{event['cause']}; stacks in {folder}/; ending the worker group")
-        ray.get(self.actor.retire.remote(), timeout=30)
-        ray.get([_kill_on_node(r) for r in ranks.values()], timeout=60)
+        return stacks
 
 
 def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, dict]) -> dict[str, Any]:
@@ -201,8 +238,58 @@ def _dump_on_node(rank: dict[str, Any]):
     return _on_node(rank["node"])(py_spy_dump).remote(rank["pid"])
 
 
-def _kill_on_node(rank: dict[str, Any]):
-    return _on_node(rank["node"])(_kill).remote(rank["pid"])
+def end_group(ranks: list[dict[str, Any]], kill: Callable[[dict], None], alive: Callable[[dict], bool],
+              tries: int = 3, wait_s: float = 1.0) -> bool:
+    """SIGKILL every rank's process, and again while any still lives (a task that timed
+    out, a signal not yet delivered), up to ``tries`` rounds; whether all are gone. A
+    rank whose liveness cannot be asked (its node is gone) counts as gone."""
+    left = list(ranks)
+    for attempt in range(tries):
+        for rank in left:
+            try:
+                kill(rank)
+            except Exception:
+                pass  # asked again below
+        time.sleep(wait_s * attempt)
+        still = []
+        for rank in left:
+            try:
+                if alive(rank):
+                    still.append(rank)
+            except Exception:
+                pass
+        left = still
+        if not left:
+            return True
+    return False
+
+
+def _kill_ray(rank: dict[str, Any]) -> None:
+    import ray
+
+    ray.get(_on_node(rank["node"])(_kill).remote(rank["pid"]), timeout=30)
+
+
+def _alive_ray(rank: dict[str, Any]) -> bool:
+    import ray
+
+    return ray.get(_on_node(rank["node"])(_alive).remote(rank["pid"]), timeout=30)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed process not yet reaped by its parent (raylet) is gone for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def _kill(pid: int) -> None:

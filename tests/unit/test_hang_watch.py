@@ -110,3 +110,55 @@ def test_profile_takes_a_range_of_steps(spec):
 
 def test_profile_ranges_parse():
     assert parse_profile_steps("10-15") == (10, 15) and parse_profile_steps("4-4") == (4, 4)
+
+
+def test_a_retired_process_is_known_by_its_node_and_pid():
+    w = WatchState(timeout_s=10)
+    w.beat(0, 4711, "node-a", "10.0.0.7", 3, 3, False, now=0)
+    w.retire()
+    assert w.beat(0, 4711, "node-a", "10.0.0.7", 3, 4, False, now=1) is None and w.ranks == {}
+    # the same pid on another node is another process: a new group's rank, watched
+    w.beat(0, 4711, "node-b", "10.0.0.8", 0, 1, False, now=2)
+    assert w.ranks[0]["node"] == "node-b"
+
+
+def test_a_group_that_could_not_be_ended_is_watched_again_never_left_asking():
+    w = WatchState(timeout_s=10)
+    for rank in (0, 1):
+        w.beat(rank, 100 + rank, "n", "ip", 5, 5, False, now=0)
+    assert w.stalled(now=11) is not None
+    w.asking = True  # the monitor asked for stacks, then could not kill the group
+    w.rearm(now=11)
+    assert not w.asking and w.stalled(now=15) is None  # a new timeout from the failed attempt
+    assert w.stalled(now=22) is not None  # still stuck: handled again
+
+
+def test_ending_a_group_retries_a_kill_that_did_not_take():
+    import subprocess
+
+    from ray_ddp.driver.hangs import _alive, _kill, end_group
+
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    ranks = [{"pid": p.pid} for p in procs]
+    tries = []
+
+    def kill(rank):  # the first round's tasks time out (a loaded node): nothing is killed
+        tries.append(rank["pid"])
+        if len(tries) <= 2:
+            raise TimeoutError("the kill task did not run")
+        _kill(rank["pid"])
+
+    def alive(rank):
+        [proc] = [p for p in procs if p.pid == rank["pid"]]
+        proc.poll()  # reap it, as its parent (the raylet) does
+        return _alive(rank["pid"])
+
+    assert end_group(ranks, kill, alive, wait_s=0.05)
+    assert len(tries) == 4 and all(p.wait(timeout=5) == -9 for p in procs)
+    # a process that never dies: the group is reported not ended (the watch re-arms)
+    stubborn = subprocess.Popen(["sleep", "60"])
+    try:
+        assert not end_group([{"pid": stubborn.pid}], lambda rank: None, alive=lambda rank: True, tries=2, wait_s=0)
+    finally:
+        stubborn.kill()
+        stubborn.wait()
