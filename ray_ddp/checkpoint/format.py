@@ -12,6 +12,7 @@ import json
 import time
 import zlib
 from dataclasses import dataclass, field
+import re
 from typing import Any, Optional, Sequence
 import pyarrow.fs as pafs
 import torch
@@ -28,6 +29,19 @@ META_FILE = "meta.json"
 
 
 HF_CONFIG_FILE = "hf_config.json"
+
+
+# Every file a checkpoint folder may hold besides meta.json: the two writers' files and
+# DCP's shards (rank r's __r_<i>.distcp, the coordinator's .metadata). A manifest is read
+# from storage, which others may write: a name outside this list (../../x, /etc/x, a
+# name with a separator) makes the checkpoint unusable before any byte is read or written.
+CHECKPOINT_FILES = re.compile(r"model\.pt|train_state\.pt|hf_config\.json|\.metadata|__\d+_\d+\.distcp")
+
+
+def unexpected_file(names) -> Optional[str]:
+    """The first name in a manifest that a checkpoint never holds, or None."""
+    return next((name for name in names if not (isinstance(name, str) and CHECKPOINT_FILES.fullmatch(name))),
+                None)
 
 
 @dataclass

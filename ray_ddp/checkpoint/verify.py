@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 from ray_ddp.storage import read_json
-from ray_ddp.checkpoint.format import META_FILE
+from ray_ddp.checkpoint.format import META_FILE, unexpected_file
 
 
 def file_fingerprint(path: str) -> dict[str, int]:
@@ -37,6 +37,10 @@ def verify_checkpoint(directory: str, shards_by_size: bool = False) -> Optional[
             files = json.load(f)["files"]
     except (ValueError, KeyError, TypeError):
         return f"{META_FILE} is unreadable"
+    if not isinstance(files, dict):
+        return f"{META_FILE} is unreadable"
+    if (odd := unexpected_file(files)) is not None:
+        return f"{META_FILE} names a file no checkpoint holds ({odd!r}): it was not written by ray_ddp"
     for name, want in files.items():
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
@@ -101,6 +105,8 @@ def checkpoint_file_problem(fs, path: str, meta: Optional[dict[str, Any]], verif
 
     if meta is None or not isinstance(meta.get("files"), dict):
         return f"{META_FILE} is missing or unreadable (a write that never finished)"
+    if (odd := unexpected_file(meta["files"])) is not None:
+        return f"{META_FILE} names a file no checkpoint holds ({odd!r}): it was not written by ray_ddp"
     for name, want in meta["files"].items():
         info = fs.get_file_info(f"{path}/{name}")
         if info.type != FileType.File:

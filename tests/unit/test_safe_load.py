@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 
 from ray_ddp.checkpoint.format import META_FILE, STATE_FILE, TrainState
 from ray_ddp.errors import CheckpointError
-from ray_ddp.checkpoint.verify import file_fingerprint
+from ray_ddp.checkpoint.verify import file_fingerprint, verify_checkpoint
 from ray_ddp.cli.main import main
 from ray_ddp.checkpoint.sharded import DCP_METADATA, ShardedCheckpointWriter, load_sharded_checkpoint
 from ray_ddp.checkpoint.safe_load import read_dcp_metadata
@@ -131,3 +131,30 @@ def test_an_earlier_format_entry_that_needs_unpickling_is_refused(one_rank_group
     with pytest.raises(CheckpointError, match=refused + "which is not a tensor"):
         load_sharded_checkpoint(str(tmp_path / "ckpt"), *sharded_gpt(seed=1))
     assert not target.exists(), "the planted code ran"
+
+
+def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused_before_any_copy(one_rank_group, tmp_path,
+                                                                                   capsys, monkeypatch):
+    """meta.json is read from storage: a name like ../../x would have export copy (and a
+    resume or verification read) outside the checkpoint. Every such name is refused."""
+    from ray_ddp.checkpoint.verify import find_latest_checkpoint
+    from ray_ddp.storage import resolve_storage
+
+    folder = write_sharded(tmp_path / "runs" / "gpt", *trained())
+    outside = tmp_path / "runs" / "secret.txt"
+    outside.write_text("not the checkpoint's")
+    meta = json.loads((folder / META_FILE).read_text())
+    meta["files"]["../../secret.txt"] = file_fingerprint(str(outside))
+    (folder / META_FILE).write_text(json.dumps(meta))
+    problem = "meta.json names a file no checkpoint holds ('../../secret.txt'): it was not written by ray_ddp"
+    store = resolve_storage(str(tmp_path / "runs"))
+    scan = find_latest_checkpoint(store.fs, store.run_path("gpt"), verify_crc=True)
+    assert scan.latest is None and scan.broken == [(folder.name, problem)]
+    assert verify_checkpoint(str(folder)) == problem
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        sys.exit(main(["export", "gpt", "--storage", str(tmp_path / "runs")]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and problem in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing exported"
