@@ -101,6 +101,10 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
         raise ConfigError(f"ray-ddp tune keeps its search on a local or shared path; --storage "
                           f"{store.uri} is not one")
     root = store.run_path(name)
+    finished = finished_search(tc, store, root)
+    if finished is not None:
+        echo(f"ray-ddp tune: search {name} is complete ({root}/{TRIALS_FILE})")
+        return finished
     workers = int(str(base.workers or 2).split("-")[-1])
     # Tune's own boxes and tables would bury the trials' lines (--verbose brings them back)
     if not base.verbose:
@@ -148,11 +152,13 @@ def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], No
     trainable = ray.tune.with_resources(
         ray.tune.with_parameters(train_trial, tc=tc, storage=store.uri, search=name,
                                  paths=tuple(user_module_paths(base))), {"cpu": TRIAL_CPU})
-    path = f"{root}/{TUNE_DIR}"
-    if ray.tune.Tuner.can_restore(path, storage_filesystem=store.fs):
-        echo(f"ray-ddp tune: continuing search {name} from {path}")
-        return ray.tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True,
-                                      storage_filesystem=store.fs)
+    # A rerun never restores Tune's saved state (tuner.pkl and the trials' state are
+    # pickle: whoever can write the search's folder would run code as the user). The
+    # search is made again instead: the same seed draws the same trials in the same
+    # order, and each trial's ray-ddp run resumes its own folder from its checkpoint (a
+    # complete one returns at once and reports its validations to ASHA again).
+    if any(p.base_name.startswith("trial-") for p in _children(store, root)):
+        echo(f"ray-ddp tune: continuing search {name}: each trial resumes its own run")
     return ray.tune.Tuner(
         trainable, param_space=sample_space(tc),
         tune_config=ray.tune.TuneConfig(metric=tc.metric, mode=tc.mode, num_samples=tc.trials,
@@ -161,6 +167,24 @@ def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], No
         run_config=ray.tune.RunConfig(name=TUNE_DIR, storage_path=root, verbose=0,
                                       callbacks=[trial_lines(echo, tc)]),
     )
+
+
+def finished_search(tc: TuneConfig, store, root: str) -> Optional[list[dict[str, Any]]]:
+    """The trials of a search that ended (trials.parquet has every trial, none
+    unfinished), best first; None if it has to run (again)."""
+    table = read_table(store.fs, f"{root}/{TRIALS_FILE}")
+    if table is None:
+        return None
+    rows = table.to_pylist()
+    if len(rows) != tc.trials or any(r.get("unfinished") for r in rows):
+        return None
+    return rows
+
+
+def _children(store, root: str) -> list:
+    from pyarrow.fs import FileSelector
+
+    return store.fs.get_file_info(FileSelector(root, allow_not_found=True))
 
 
 def build_scheduler(tc: TuneConfig):

@@ -52,7 +52,7 @@ def searched(ray_local, storage, search_file):
     return run_search(tc, echo=lines.append), lines
 
 
-def test_asha_stops_the_poor_trial_and_best_json_names_the_lowest_val_loss(searched, storage):
+def test_trials_parquet_and_best_json_say_what_asha_decided(searched, storage):
     rows, lines = searched
     table = pq.read_table(storage / "search" / "trials.parquet").to_pylist()
     assert sorted(r["trial"] for r in table) == [0, 1, 2]
@@ -91,3 +91,28 @@ def test_the_preflight_refuses_more_trials_than_the_cluster_holds(ray_local, sto
     with pytest.raises(ConfigError, match=r"9 trials at once x 1 workers x 1 CPU = 9 CPU; the cluster has 8"):
         run_search(tc)
     assert not (storage / "too-big").exists()
+
+
+class CreatesFile:
+    """Stands for code planted in Tune's pickled state by whoever can write the folder."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_finished_search_rerun_prints_its_table_and_unpickles_nothing(searched, storage, search_file, tmp_path):
+    import pickle
+
+    rows, _ = searched
+    planted = tmp_path / "pwned"
+    for state in ("tuner.pkl", "experiment_state-planted.json"):
+        (storage / "search" / "tune" / state).write_bytes(pickle.dumps(CreatesFile(str(planted))))
+    lines: list[str] = []
+    again = run_search(load_tune_config(str(search_file), {"storage": str(storage), "name": "search"}),
+                       echo=lines.append)
+    assert not planted.exists(), "Tune's pickled state was loaded"
+    assert [r["trial"] for r in again] == [r["trial"] for r in rows]
+    assert lines == [f"ray-ddp tune: search search is complete ({storage}/search/trials.parquet)"]
