@@ -43,6 +43,14 @@ class StorageConfig:
     def run_path(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
 
+    def uri_of(self, *parts: str) -> str:
+        """A place under the storage as the user can open it: a local path, or for a URI
+        storage its URI with ``parts`` joined to the path and the query (the filesystem's
+        options, e.g. ?endpoint_override=...) kept after it. What is printed and recorded."""
+        base, sep, query = self.uri.partition("?")
+        joined = "/".join([base.rstrip("/")] + [p.strip("/") for p in parts if p])
+        return f"{joined}{sep}{query}"
+
     @property
     def is_local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)

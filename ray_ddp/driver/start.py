@@ -33,7 +33,7 @@ def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callabl
     can resume from it, and whether there is anything left to train."""
     scan = find_latest_checkpoint(store.fs, store.run_path(cfg.name), verify_crc=True)
     _say_broken(cfg, scan, echo)
-    resumed_from = f"{join_uri(store.uri, cfg.name)}/{scan.latest}" if scan.latest else None
+    resumed_from = store.uri_of(cfg.name, scan.latest) if scan.latest else None
     complete = False
     if scan.meta is not None:
         check_resumable(cfg, scan.meta, scan.latest,
@@ -101,7 +101,3 @@ def planned_steps(cfg: TrainConfig, meta: Optional[dict[str, Any]]) -> int:
     if meta is None:
         return cfg.epochs * cfg.steps_per_epoch
     return meta["step"] - meta.get("epoch_step", 0) + (cfg.epochs - meta["epoch"]) * cfg.steps_per_epoch
-
-
-def join_uri(base: str, name: str) -> str:
-    return f"{base.rstrip('/')}/{name}"

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROFILE_FOLDER, SUMMARY_FILE, StorageConfig, read_table, write_json
-from ray_ddp.driver.start import join_uri
 from ray_ddp.driver.status import read_events
 
 
@@ -83,15 +82,17 @@ def describe_startup(marks: dict[str, float], table) -> Optional[dict[str, float
     return out
 
 
-def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs, run_uri: Optional[str]) -> dict[str, Any]:
-    """summary.json's validation fields from eval.parquet's rows; ``run_uri`` given (with
-    --keep-best): also the kept checkpoint whose validation loss was the lowest."""
+def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs,
+                    uri_of: Optional[Callable[[str], str]]) -> dict[str, Any]:
+    """summary.json's validation fields from eval.parquet's rows; ``uri_of`` (a
+    checkpoint's name -> its URI) given (with --keep-best): also the kept checkpoint whose
+    validation loss was the lowest."""
     if not evals:
         return {}
     last = evals[-1]
     out = {"val_loss": last["loss"], "best_val_loss": min(r["loss"] for r in evals),
            "val_accuracy": last.get("accuracy"), "val_perplexity": last.get("perplexity")}
-    if run_uri is not None:
+    if uri_of is not None:
         from pyarrow.fs import FileSelector, FileType
 
         from ray_ddp.checkpoint.retention import best_checkpoint
@@ -99,16 +100,16 @@ def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs, run_uri: Opt
         names = [i.base_name for i in fs.get_file_info(FileSelector(run_path))
                  if i.type == FileType.Directory and i.base_name.startswith("step-")]
         best = best_checkpoint(names, evals)
-        out["best_checkpoint"] = f"{run_uri}/{best}" if best else None
+        out["best_checkpoint"] = uri_of(best) if best else None
     return out
 
 
-def profile_folder(store: StorageConfig, run_path: str, run_uri: str) -> Optional[str]:
+def profile_folder(store: StorageConfig, name: str) -> Optional[str]:
     """Where --profile's traces are, if any were written."""
     from pyarrow.fs import FileSelector
 
-    found = store.fs.get_file_info(FileSelector(f"{run_path}/{PROFILE_FOLDER}", allow_not_found=True))
-    return f"{run_uri}/{PROFILE_FOLDER}" if any(i.base_name.endswith(".pt.trace.json") for i in found) else None
+    found = store.fs.get_file_info(FileSelector(f"{store.run_path(name)}/{PROFILE_FOLDER}", allow_not_found=True))
+    return store.uri_of(name, PROFILE_FOLDER) if any(i.base_name.endswith(".pt.trace.json") for i in found) else None
 
 
 def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
@@ -118,14 +119,13 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
     from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
 
     run_path = store.run_path(cfg.name)
-    run_uri = join_uri(store.uri, cfg.name)
     scan = find_latest_checkpoint(store.fs, run_path)
     meta = scan.meta or {}
     saved_cfg = meta.get("config", {})
     table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
     evals = read_table(store.fs, f"{run_path}/{EVAL_FILE}")
     validation = summarize_evals(evals.to_pylist() if evals is not None else [], run_path, store.fs,
-                                 run_uri if cfg.keep_best else None)
+                                 (lambda best: store.uri_of(cfg.name, best)) if cfg.keep_best else None)
     resumed_step = int(resumed_meta["step"]) if resumed_meta else 0
     has_rows = table is not None and table.num_rows > 0
     stats = summarize_metrics(table, resumed_step, trained_until=(marks or {}).get("fitted"),
@@ -134,7 +134,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
     stopped = early_stop_row(table, meta["step"]) if has_rows and scan.latest else None
     summary = RunSummary(
         run=cfg.name,
-        path=run_uri,
+        path=store.uri_of(cfg.name),
         # the world size the run ended on (an elastic run's stretches: world_sizes)
         world_size=stretches[-1]["world_size"] if stretches else
         (placement.workers if placement else meta.get("world_size", 0)),
@@ -147,8 +147,8 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         wall_samples_per_s=stats.get("wall_samples_per_s"),
         train_samples_per_s=stats.get("train_samples_per_s"),
         events=read_events(store, run_path),
-        checkpoint=f"{run_uri}/{scan.latest}" if scan.latest else None,
-        metrics=f"{run_uri}/{METRICS_FILE}" if table is not None else None,
+        checkpoint=store.uri_of(cfg.name, scan.latest) if scan.latest else None,
+        metrics=store.uri_of(cfg.name, METRICS_FILE) if table is not None else None,
         resumed_from=resumed_from,
         epochs=cfg.epochs,
         steps=meta.get("step", 0),
@@ -158,7 +158,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         task=cfg.task or "regression",
         early_stopped=stopped is not None,
         early_stop_epoch=int(stopped["epoch"]) if stopped else None,
-        profile=profile_folder(store, run_path, run_uri),
+        profile=profile_folder(store, cfg.name),
         **validation,
     )
     write_json(store.fs, f"{run_path}/{SUMMARY_FILE}", summary.to_dict())

@@ -58,8 +58,8 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     ranks = sorted({r["rank"] for r in rows})
     by_rank = {k: sorted((r for r in rows if r["rank"] == k), key=lambda r: r["step"]) for k in ranks}
 
-    out_path, out_fs = _report_target(store, name, out)
-    files = []
+    out_path, out_fs, out_uri = _report_target(store, name, out)  # out_uri: a file's name -> its URI
+    files = []  # as URIs the user can open (observe/report.py's caller prints them)
 
     def save(fig, filename):
         buf = io.BytesIO()
@@ -68,7 +68,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
         target = f"{out_path}/{filename}"
         with out_fs.open_output_stream(target) as f:
             f.write(buf.getvalue())
-        files.append(target)
+        files.append(out_uri(filename))
 
     from ray_ddp.observe.schema import rank_mean
 
@@ -116,7 +116,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     )
     with out_fs.open_output_stream(f"{out_path}/report.txt") as f:
         f.write((summary.text() + "\n").encode())
-    files.append(f"{out_path}/report.txt")
+    files.append(out_uri("report.txt"))
     return summary
 
 
@@ -136,4 +136,4 @@ def _report_target(store: StorageConfig, name: str, out: Optional[str]):
     fs = target.fs if target else store.fs
     path = target.path if target else f"{store.run_path(name)}/report"
     fs.create_dir(path, recursive=True)
-    return path, fs
+    return path, fs, (target.uri_of if target else lambda filename: store.uri_of(name, "report", filename))

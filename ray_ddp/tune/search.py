@@ -221,7 +221,7 @@ def collect_trials(tc: TuneConfig, name: str, grid, store, root: str) -> list[di
                      "val_perplexity": last.get("val_perplexity"),
                      "epochs": ran, "stopped_early": stopped, "unfinished": not ended,
                      "error": _error_line(trial) if trial.status == "ERROR" else None,
-                     "run": f"{store.uri.rstrip('/')}/{name}/{trial_name(index)}",
+                     "run": store.uri_of(name, trial_name(index)),
                      "checkpoint": summary.get("best_checkpoint") or summary.get("checkpoint")
                      or _latest_checkpoint(store, run_path)})
     # best first by the search's metric (val_loss, or the task's)

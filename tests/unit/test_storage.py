@@ -11,7 +11,7 @@ import pytest
 from flaky_fs import flaky_fs
 from ray_ddp.observe.schema import SCHEMA
 from ray_ddp.observe.callback import MetricsCallback
-from ray_ddp.storage import METRICS_FILE, read_json, read_table, write_json, write_table
+from ray_ddp.storage import METRICS_FILE, read_json, read_table, resolve_storage, write_json, write_table
 from ray_ddp.errors import StorageError
 
 
@@ -56,3 +56,11 @@ def test_metrics_table_that_cannot_be_read_is_never_overwritten(tmp_path):
     with pytest.raises(StorageError, match="metrics.parquet"):
         callback.after_report(None, [row(10, 0), row(10, 1)], checkpoint=None)
     assert (run / METRICS_FILE).read_bytes() == good[: len(good) // 2], "left as it was"
+
+
+def test_a_location_under_a_uri_storage_keeps_the_query_after_the_path(tmp_path):
+    store = resolve_storage("s3://runs/exp?endpoint_override=127.0.0.1:9000&scheme=http")
+    assert store.uri_of("r", "step-00000040") == "s3://runs/exp/r/step-00000040?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert store.run_path("r") == "runs/exp/r"  # inside the filesystem, the path alone
+    assert resolve_storage("gs://b/x/").uri_of("r") == "gs://b/x/r"
+    assert resolve_storage(str(tmp_path)).uri_of("r", "metrics.parquet") == f"{tmp_path}/r/metrics.parquet"
