@@ -22,6 +22,11 @@ from ray_ddp.driver.events import Event
 # Seconds the watch waits for the ranks' own stacks before asking py-spy on their node.
 STACKS_WAIT_S = 10.0
 
+# A rank in a meant wait (a checkpoint's upload, FSDP's gathers: worker/heartbeat.py
+# meant_wait) is hung only after this many times --hang-timeout: a slow upload is not a
+# hang, one that never ends still is.
+MEANT_WAIT_FACTOR = 10
+
 
 @dataclass
 class WatchState:
@@ -35,7 +40,7 @@ class WatchState:
     stacks: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def beat(self, rank: int, pid: int, node: str, ip: str, step: int, progress: int, paused: bool,
-             now: float) -> Optional[str]:
+             now: float, waiting: bool = False) -> Optional[str]:
         if (node, pid) in self.retired:
             return None
         known = self.ranks.get(rank)
@@ -46,7 +51,7 @@ class WatchState:
         if known is None or known["progress"] != progress:
             self.ranks[rank] = known = {"pid": pid, "node": node, "ip": ip, "step": step,
                                         "progress": progress, "changed_at": now}
-        known.update(paused=paused, seen_at=now)
+        known.update(paused=paused, waiting=waiting, seen_at=now)
         return "stacks" if self.asking and rank not in self.stacks else None
 
     def stalled(self, now: float) -> Optional[dict[str, Any]]:
@@ -56,7 +61,7 @@ class WatchState:
         if not ranks or self.asking or any(r["progress"] == 0 or r.get("paused") for r in ranks):
             return None
         since = now - max(r["changed_at"] for r in ranks)
-        if since < self.timeout_s:
+        if since < self.timeout_s * (MEANT_WAIT_FACTOR if any(r.get("waiting") for r in ranks) else 1):
             return None
         return {"step": min(r["step"] for r in ranks), "since_s": since}
 
@@ -83,8 +88,8 @@ class HangWatch:
     def __init__(self, timeout_s: float):
         self.state = WatchState(timeout_s)
 
-    def beat(self, rank, pid, node, ip, step, progress, paused):
-        return self.state.beat(rank, pid, node, ip, step, progress, paused, time.monotonic())
+    def beat(self, rank, pid, node, ip, step, progress, paused, waiting=False):
+        return self.state.beat(rank, pid, node, ip, step, progress, paused, time.monotonic(), waiting)
 
     def stalled(self):
         return self.state.stalled(time.monotonic())

@@ -37,7 +37,7 @@ class Heartbeat:
 
     def __init__(self, watch: Any, rank: int, node_id: str, ip: str, interval_s: float):
         self.watch, self.rank, self.node_id, self.ip, self.interval_s = watch, rank, node_id, ip, interval_s
-        self.progress, self.step, self.paused = 0, 0, False
+        self.progress, self.step, self.paused, self.waiting = 0, 0, False, False
         # the training loop's thread (Ray Train runs it apart from the process's main thread)
         self._main = threading.get_ident()
         self._stop = threading.Event()
@@ -58,6 +58,20 @@ class Heartbeat:
         finally:
             self.paused = False
 
+    @contextmanager
+    def meant_wait(self) -> Iterator[None]:
+        """A wait that is the run's own work, however long it takes on a slow disk or
+        link: a checkpoint's snapshot and the wait for the previous upload, the epoch's
+        weight hash (FSDP gathers), the final model's gather, a profile's export. The
+        watch gives it a larger timeout (driver/hangs.py MEANT_WAIT_FACTOR), not none:
+        an upload that never ends is still a hang. It counts as progress when it ends."""
+        self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
+            self.tick()
+
     def close(self) -> None:
         """The loop is over: tell the watch this rank is done, so the time Ray Train
         takes to end the run is not a hang."""
@@ -74,7 +88,7 @@ class Heartbeat:
 
     def _beat(self):
         return self.watch.beat.remote(self.rank, os.getpid(), self.node_id, self.ip, self.step, self.progress,
-                                      self.paused)
+                                      self.paused, self.waiting)
 
     def _run(self) -> None:
         import ray

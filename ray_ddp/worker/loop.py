@@ -118,13 +118,15 @@ class WorkerRun:
                 state.step += 1
                 state.epoch_step += 1
                 self.heartbeat.tick(state.step)
-                self.profile.after_step(state.step)
+                with self.heartbeat.meant_wait():  # at the range's end: the trace's export
+                    self.profile.after_step(state.step)
                 self._note_first_step()
                 if i == cfg.steps_per_epoch - 1:
                     self._end_epoch(epoch)
                 elif (i + 1) % cfg.report_every == 0:
                     self._close_window(epoch, save=False, epoch_end=False)
-        self.profile.finish()  # a range past the run's last step ends with it
+        with self.heartbeat.meant_wait():
+            self.profile.finish()  # a range past the run's last step ends with it
 
     def _end_epoch(self, epoch: int) -> None:
         self.state.epoch, self.state.epoch_step = epoch + 1, 0
@@ -151,30 +153,36 @@ class WorkerRun:
         for Ray to restart the run without that node."""
         now = time.perf_counter()
         model = self.parts.model
-        due, check, bad_loss, bad_weights = self.reporter.agree(
-            bool(self.window.loss_bad.item()), save and not weights_are_finite(model))
+        poisoned = False
+        if save:  # the checkpoint's first part: never save non-finite weights (a full pass over them)
+            with self.heartbeat.meant_wait():
+                poisoned = not weights_are_finite(model)
+        due, check, bad_loss, bad_weights = self.reporter.agree(bool(self.window.loss_bad.item()), poisoned)
         raise_if_not_finite(epoch, self.state.step, bad_loss, bad_weights)
         notice = self.preemptions.new_notice() if check else None  # the same on every rank
         if notice is not None and not save:
-            save = self._all_weights_finite()  # never checkpoint poisoned weights, even now
+            with self.heartbeat.meant_wait():
+                save = self._all_weights_finite()  # never checkpoint poisoned weights, even now
         row = window_row(self.window, self.task, now, epoch=epoch, step=self.state.step, rank=self.rank,
                          world_size=self.world_size, node_rank=self.node_rank, node_id=self.node_id,
                          lr=self.parts.optimizer.param_groups[0]["lr"], device=self.parts.devices[0])
         if epoch_end:
-            row["weights_hash"] = weights_hash(model)
+            with self.heartbeat.meant_wait():  # FSDP: gathers every parameter
+                row["weights_hash"] = weights_hash(model)
         row.update(evaluated or {})
         row.update(notice or {})
         if self.first_report is not None:
             row.update((k, v) for k, v in self.first_report.items() if v is not None)
             self.first_report = None
         self.reporter.add(row)
-        if save:
-            self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict(),
-                                               final=is_final_save(self.cfg, epoch, epoch_end,
-                                                                   self.validator.stopped))
+        if save:  # the snapshot, the previous upload's end, the final gather: however long
+            with self.heartbeat.meant_wait():
+                self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict(),
+                                                   final=is_final_save(self.cfg, epoch, epoch_end,
+                                                                       self.validator.stopped))
         elif due:
             self.reporter.send()
-        self.heartbeat.tick()  # a slow checkpoint is progress, not a hang
+        self.heartbeat.tick()
         if notice is not None and self.state.step < self.total_steps and not self.validator.stopped:
             with self.heartbeat.pause():
                 wait_for_restart(notice["preemption_deadline"])

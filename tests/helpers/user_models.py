@@ -260,12 +260,25 @@ def dies_on_rank_one(marker: str, at: int, every_life: bool = False) -> nn.Modul
 class HangsOnRankOne(nn.Module):
     """The tutorial's ToyModel whose rank 1 stops answering (a stuck read, a deadlocked
     kernel) at its ``at``-th training forward, in its first life only: its peers wait for
-    it in the gradient all-reduce."""
+    it in the gradient all-reduce. With ``slow_save_s``, rank 0's first checkpoint (its
+    first state_dict) takes that long, as a big upload on a slow link does: not a hang."""
 
-    def __init__(self, marker: str, at: int):
+    def __init__(self, marker: str, at: int, slow_save_s: float = 0.0):
         super().__init__()
         self.net1, self.relu, self.net2 = nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)
-        self.marker, self.at, self.calls = marker, at, 0
+        self.marker, self.at, self.calls, self.slow_save_s = marker, at, 0, slow_save_s
+
+    def state_dict(self, *args, **kwargs):
+        import os
+        import time
+
+        import ray.train
+
+        if self.slow_save_s and ray.train.get_context().get_world_rank() == 0 and \
+                not os.path.exists(self.marker + ".saved"):
+            open(self.marker + ".saved", "w").close()
+            time.sleep(self.slow_save_s)
+        return super().state_dict(*args, **kwargs)
 
     def forward(self, x):
         import os
@@ -281,5 +294,5 @@ class HangsOnRankOne(nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
-def hangs_on_rank_one(marker: str, at: int) -> nn.Module:
-    return HangsOnRankOne(marker, at)
+def hangs_on_rank_one(marker: str, at: int, slow_save_s: float = 0.0) -> nn.Module:
+    return HangsOnRankOne(marker, at, slow_save_s)

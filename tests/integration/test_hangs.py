@@ -19,7 +19,9 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def hung_run(ray_local, storage, tmp_path_factory, mlflow_uri):
     """Rank 1 sleeps in its 15th forward (first life only), under --hang-timeout 10;
-    Ray's own health check would take minutes to notice a process that is alive."""
+    Ray's own health check would take minutes to notice a process that is alive. Before
+    that, the first checkpoint (step 10) takes 13 s on rank 0, longer than the timeout:
+    a meant wait, which must not be taken for a hang (one hang event, at step 14)."""
     from user_models import hangs_on_rank_one
 
     marker = tmp_path_factory.mktemp("hang") / "hung"
@@ -29,7 +31,7 @@ def hung_run(ray_local, storage, tmp_path_factory, mlflow_uri):
                               max_failures=1, hang_timeout=10, profile="3-5", mlflow=mlflow_uri,
                               storage=str(storage),
                               name="hung-rank", quiet=True),
-                  echo=lines.append, model=functools.partial(hangs_on_rank_one, str(marker), 15))
+                  echo=lines.append, model=functools.partial(hangs_on_rank_one, str(marker), 15, 13.0))
     return summary, lines, time.monotonic() - started
 
 

@@ -162,3 +162,15 @@ def test_ending_a_group_retries_a_kill_that_did_not_take():
     finally:
         stubborn.kill()
         stubborn.wait()
+
+
+def test_a_meant_wait_gets_a_larger_timeout_not_none():
+    from ray_ddp.driver.hangs import MEANT_WAIT_FACTOR
+
+    w = WatchState(timeout_s=10)
+    w.beat(0, 100, "n", "ip", 5, 5, False, now=0)
+    w.beat(1, 101, "n", "ip", 5, 5, False, now=0, waiting=True)  # rank 1 uploads a checkpoint
+    assert w.stalled(now=10 * MEANT_WAIT_FACTOR - 1) is None
+    assert w.stalled(now=10 * MEANT_WAIT_FACTOR + 1) is not None  # an upload that never ends is a hang
+    w.beat(1, 101, "n", "ip", 5, 5, False, now=20, waiting=False)  # the wait ended, no step since
+    assert w.stalled(now=21) is not None
