@@ -222,7 +222,8 @@ class TrainConfig:
         "also track the run in MLflow at this tracking URI (http://HOST:PORT, or a sqlite:/// "
         "store): the resolved config as params, every metrics window and validation by step, "
         "the events, the summary and the final model.pt as an artifact (local storage); the "
-        "MLflow run is named after the run, and a resume continues it; needs ray_ddp[mlflow]",
+        "MLflow run is named after the run and found by the run folder's own id, so a resume "
+        "continues it; needs ray_ddp[mlflow]",
         default=None)
     mlflow_experiment: str = _opt("the MLflow experiment of --mlflow runs", default="ray_ddp")
     tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "

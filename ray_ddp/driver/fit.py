@@ -37,7 +37,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     earlier = read_events(store, run_path)  # of the commands before this one
     events: list[dict[str, Any]] = []  # this command's
     pending: list[dict[str, Any]] = []  # hangs that ended a fit (no restart within it followed)
-    write_status(store, run_path, "running", cfg, placement)
+    write_status(store, run_path, "running", cfg, placement, run_id=start.run_id)
     monitor = HangMonitor(cfg.hang_timeout, store, run_path, echo)
     try:
         while True:

@@ -79,7 +79,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         marks["ray"] = time.time()
         cfg, placement = place_workers(cfg, cluster, data_shape, given_batch, echo)
         announce(cfg, placement, start, store, echo)
-        tracking = open_run_tracking(cfg)
+        tracking = open_run_tracking(cfg, start.run_id, store.uri_of(cfg.name))
         ray_inputs = plan_ray_data(cfg, data_shape, train_data, val_data)  # Ray Datasets go to the trainer
         marks["fit"] = time.time()
         try:

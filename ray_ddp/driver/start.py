@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.driver.status import new_run_id, read_run_id
 from ray_ddp.storage import METRICS_FILE, StorageConfig, read_table
 
 
@@ -21,11 +22,13 @@ _SHAPE_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "he
 @dataclass(frozen=True)
 class StartState:
     """Where a run starts: the checkpoint scan, the resumed folder's URI (None for a new
-    run), and whether the run is already complete."""
+    run), whether the run is already complete, and the run folder's own id (status.json's,
+    or a new one that the first status.json keeps)."""
 
     scan: CheckpointScan
     resumed_from: Optional[str]
     complete: bool
+    run_id: str = ""
 
 
 def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callable[[str], None]) -> StartState:
@@ -48,7 +51,7 @@ def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callabl
                  f"{scan.meta['epoch']} of {cfg.epochs}; nothing to do (give a larger --early-stop "
                  "to train further)")
             complete = True
-    return StartState(scan, resumed_from, complete)
+    return StartState(scan, resumed_from, complete, read_run_id(store, store.run_path(cfg.name)) or new_run_id())
 
 
 def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, Any]) -> bool:

@@ -26,14 +26,16 @@ def check_tracking(cfg: TrainConfig) -> None:
         check_server(cfg.mlflow)
 
 
-def open_run_tracking(cfg: TrainConfig):
-    """The run's MLflow run (the same one a resume continues), its params the config as
-    resolved for this cluster; None without --mlflow."""
+def open_run_tracking(cfg: TrainConfig, identity: str, location: str):
+    """The run's MLflow run (the same one a resume of this run folder continues, found by
+    the folder's ``identity``), its params the config as resolved for this cluster; None
+    without --mlflow."""
     if not cfg.mlflow:
         return None
     from ray_ddp.observe.mlflow_tracking import open_tracking
 
-    return open_tracking(cfg.mlflow, cfg.name, cfg.to_dict(), cfg.mlflow_experiment)
+    return open_tracking(cfg.mlflow, cfg.name, cfg.to_dict(), cfg.mlflow_experiment, identity=identity,
+                         location=location)
 
 
 def close_run_tracking(tracking, store: StorageConfig, cfg: TrainConfig, summary: Optional[dict],

@@ -4,6 +4,7 @@ Runs inside Ray Train's controller actor (not the driver).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 import time
 
@@ -159,6 +160,9 @@ class MetricsCallback(UserCallback):
         server's first failure, stop (the driver warns; metrics.parquet holds them all)."""
         if self.tracking is None:
             return
+        step = int(window[0]["step"])
+        if step <= self.tracking.logged_until:  # redone after a restart, or logged by an earlier command
+            return
         from ray_ddp.observe.mlflow_tracking import log_window
 
         report = summarize_report(window, self.epochs, self.total_steps, checkpoint=None)
@@ -166,6 +170,8 @@ class MetricsCallback(UserCallback):
                                               "val_accuracy", "val_perplexity")}
         if not log_window(self.tracking, report["step"], {**metrics, "lr": window[0].get("lr")}):
             self.tracking, self._tracking_failed = None, True
+        else:
+            self.tracking = dataclasses.replace(self.tracking, logged_until=step)
 
     def after_exception(self, run_context, worker_exceptions) -> None:
         self._close_tensorboard()

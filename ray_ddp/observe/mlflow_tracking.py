@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from ray_ddp.errors import ConfigError
 
-RUN_TAG = "ray_ddp.run"  # finds the MLflow run of a ray-ddp run again on resume
+RUN_TAG = "ray_ddp.run"  # the run's name, for people reading the MLflow UI
+# What finds the MLflow run of a ray-ddp run again on resume: the run folder's own id
+# (status.json ``run_id``), never the name, which other folders (another --storage, a
+# folder deleted and made again, another search's trial-0) share.
+RUN_ID_TAG = "ray_ddp.run_id"
+LOCATION_TAG = "ray_ddp.location"  # the run folder's URI
 # MLflow's own limits (mlflow/utils/validation.py), kept here so a value over them is cut
 # rather than refused.
 MAX_PARAM_VALUE, MAX_TAG_VALUE, PARAMS_PER_BATCH = 6000, 8000, 100
@@ -39,6 +44,7 @@ class MlflowConfig:
     uri: str
     run_id: str
     experiment_id: str
+    logged_until: int = 0  # the last step already logged (an earlier command's): not logged again
 
 
 @functools.lru_cache(maxsize=4)
@@ -81,9 +87,11 @@ def flatten_params(params: dict, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_ddp") -> MlflowConfig:
-    """Find or create the experiment and this run's MLflow run (the same one on resume), and
-    log the config as params. One-line ConfigError when mlflow or the server is missing."""
+def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_ddp", *,
+                  identity: str, location: str = "") -> MlflowConfig:
+    """Find (by ``identity``, the run folder's own id) or create the experiment and this
+    run's MLflow run (the same one on resume), and log the config as params. One-line
+    ConfigError when mlflow or the server is missing."""
     try:
         import mlflow  # noqa: F401
     except ImportError:
@@ -101,21 +109,24 @@ def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_
                               f"(mlflow experiments restore --experiment-id {exp.experiment_id})")
         else:
             experiment_id = exp.experiment_id
-        # ray-ddp run names are plain folder names (config/checks.py): safe inside quotes
-        found = client.search_runs([experiment_id], f"tags.`{RUN_TAG}` = '{run_name}'",
+        # the identity is a hex string ray_ddp made (driver/status.py): safe inside quotes
+        found = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{identity}'",
                                    max_results=1, order_by=["attributes.start_time DESC"])
+        logged_until = 0
         if found:
             run = found[0]
             client.update_run(run.info.run_id, status="RUNNING")  # a resume continues it
+            logged_until = max((m.step for m in client.get_metric_history(run.info.run_id, "loss")), default=0)
         else:
-            run = client.create_run(experiment_id, run_name=run_name, tags={RUN_TAG: run_name})
+            run = client.create_run(experiment_id, run_name=run_name,
+                                    tags={RUN_TAG: run_name, RUN_ID_TAG: identity, LOCATION_TAG: location})
         log_params(client, run.info.run_id, run.data.params, flatten_params(params), Param)
     except ConfigError:
         raise
     except Exception as e:
         raise ConfigError(f"--mlflow {uri}: the tracking server refused the run "
                           f"({type(e).__name__}: {_one_line(e)}); check the URI and the server's log") from None
-    return MlflowConfig(uri=uri, run_id=run.info.run_id, experiment_id=experiment_id)
+    return MlflowConfig(uri=uri, run_id=run.info.run_id, experiment_id=experiment_id, logged_until=logged_until)
 
 
 def log_params(client, run_id: str, logged: dict[str, str], params: dict[str, str], Param) -> None:

@@ -88,7 +88,10 @@ def test_mlflow_holds_the_run_and_a_resume_continues_it(hung_run, storage, mlflo
     assert mlrun.data.params["workers"] == "2" and mlrun.data.params["hang_timeout"] == "10"
     assert mlrun.data.tags["ray_ddp.param_changed.epochs"] == "was 2, now 3"
     loss = client.get_metric_history(mlrun.info.run_id, "loss")
-    assert {m.step for m in loss} == {5, 10, 15, 20, 25, 30}  # every window, both commands
+    assert sorted(m.step for m in loss) == [5, 10, 15, 20, 25, 30]  # every window once, both commands
+    # found by the run folder's own id, not its name
+    status = json.loads((storage / "hung-rank" / "status.json").read_text())
+    assert mlrun.data.tags["ray_ddp.run_id"] == status["run_id"] and len(status["run_id"]) == 32
     rows = [r for r in json.loads((storage / "hung-rank" / "summary.json").read_text())["events"]]
     assert [e["type"] for e in json.loads(mlrun.data.tags["ray_ddp.events"])] == [e["type"] for e in rows]
     assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "events.hang")] == [14]

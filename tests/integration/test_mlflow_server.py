@@ -28,9 +28,11 @@ PARAMS = {"lr": 0.001, "batch_size": 32, "optimizer": {"name": "adamw", "betas":
 
 def test_params_metrics_and_resume(server):
     client = MlflowClient(tracking_uri=server)
-    cfg = open_tracking(server, "run-a", PARAMS, experiment="unit")
+    cfg = open_tracking(server, "run-a", PARAMS, experiment="unit", identity="aaa1", location="/runs/run-a")
     run = client.get_run(cfg.run_id)
     assert run.info.run_name == "run-a" and run.data.tags["ray_ddp.run"] == "run-a"
+    assert (run.data.tags["ray_ddp.run_id"], run.data.tags["ray_ddp.location"], cfg.logged_until) == \
+        ("aaa1", "/runs/run-a", 0)
     params = run.data.params
     assert params["lr"] == "0.001" and params["batch_size"] == "32"
     assert params["optimizer.name"] == "adamw" and params["optimizer.betas"] == "(0.9, 0.95)"
@@ -45,8 +47,8 @@ def test_params_metrics_and_resume(server):
 
     # a resumed ray-ddp run continues the same MLflow run; the changed param is a tag
     client.set_terminated(cfg.run_id, status="FAILED")
-    again = open_tracking(server, "run-a", dict(PARAMS, lr=0.01, epochs=3), experiment="unit")
-    assert again == cfg
+    again = open_tracking(server, "run-a", dict(PARAMS, lr=0.01, epochs=3), experiment="unit", identity="aaa1")
+    assert again.run_id == cfg.run_id and again.logged_until == 20  # steps up to 20 are not logged again
     run = client.get_run(cfg.run_id)
     assert run.info.status == "RUNNING"
     assert run.data.params["lr"] == "0.001" and run.data.params["epochs"] == "3"
@@ -54,13 +56,17 @@ def test_params_metrics_and_resume(server):
     assert log_window(again, 30, {"loss": 1.5})
     assert [m.step for m in client.get_metric_history(cfg.run_id, "loss")] == [10, 20, 30]
 
-    other = open_tracking(server, "run-b", PARAMS, experiment="unit")
+    other = open_tracking(server, "run-b", PARAMS, experiment="unit", identity="bbb2")
     assert other.run_id != cfg.run_id and other.experiment_id == cfg.experiment_id
+    # the same name in another folder (another --storage, a folder made again, another
+    # search's trial-0) is another ray-ddp run, and another MLflow run
+    namesake = open_tracking(server, "run-a", PARAMS, experiment="unit", identity="ccc3", location="/other/run-a")
+    assert namesake.run_id not in (cfg.run_id, other.run_id) and namesake.logged_until == 0
 
 
 def test_events_and_finish(server, tmp_path):
     client = MlflowClient(tracking_uri=server)
-    cfg = open_tracking(server, "run-events", {"lr": 0.1}, experiment="unit")
+    cfg = open_tracking(server, "run-events", {"lr": 0.1}, experiment="unit", identity="ddd4")
     events = [
         {"type": "failure", "time": 1_700_000_000.0, "step": 5, "rank": 1, "node": "n1",
          "cause": "worker died", "from_checkpoint": 4, "steps_lost": 1},

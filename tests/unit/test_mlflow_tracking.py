@@ -19,7 +19,7 @@ def test_unreachable_server_is_one_line_in_seconds():
     uri = f"http://127.0.0.1:{free_port()}"  # nobody listens there
     start = time.monotonic()
     with pytest.raises(ConfigError) as err:
-        open_tracking(uri, "run-x", {"lr": 0.1})
+        open_tracking(uri, "run-x", {"lr": 0.1}, identity="a1")
     assert time.monotonic() - start < 10
     message = str(err.value)
     assert "\n" not in message and uri in message and "cannot be reached" in message
@@ -37,4 +37,4 @@ def test_dead_server_mid_run_is_false_quickly():
 def test_without_mlflow_installed_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` now fails
     with pytest.raises(ConfigError, match=r"pip install 'ray_ddp\[mlflow\]'"):
-        open_tracking("http://127.0.0.1:1", "run-x", {})
+        open_tracking("http://127.0.0.1:1", "run-x", {}, identity="a1")
