@@ -54,6 +54,12 @@ class RunSummary:
     early_stopped: bool = False
     early_stop_epoch: Optional[int] = None
     profile: Optional[str] = None  # --profile: the folder of its traces (rank-<r>.pt.trace.json)
+    # the figures the field reads (observe/summarize.py summarize_metrics says how each is taken)
+    tokens_per_s: Optional[float] = None  # token tasks: input tokens per second, steady rate
+    data_wait_s: Optional[float] = None  # seconds a step waited for its input, on average
+    data_wait_share: Optional[float] = None  # that wait's share of the steps' time
+    grad_norm: Optional[float] = None  # the last window's gradient norm before clipping
+    mfu: Optional[float] = None  # model FLOPs utilisation (GPU, token tasks; worker/flops.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,6 +152,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         samples_per_s=stats.get("samples_per_s"),
         wall_samples_per_s=stats.get("wall_samples_per_s"),
         train_samples_per_s=stats.get("train_samples_per_s"),
+        **{k: stats.get(k) for k in ("tokens_per_s", "data_wait_s", "data_wait_share", "grad_norm", "mfu")},
         events=read_events(store, run_path),
         checkpoint=store.uri_of(cfg.name, scan.latest) if scan.latest else None,
         metrics=store.uri_of(cfg.name, METRICS_FILE) if table is not None else None,

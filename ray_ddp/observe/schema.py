@@ -13,7 +13,8 @@ import pyarrow as pa
 COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time", "busy_s",
            "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash", "max_rss_mb",
            "gpu_max_mb", "started_at", "first_step_at", "accuracy", "perplexity", "preempted_node",
-           "preemption_deadline", "units", "early_stopped")
+           "preemption_deadline", "units", "early_stopped", "tokens", "tokens_per_s", "data_wait_s",
+           "data_wait_share", "grad_norm", "mfu")
 
 
 SCHEMA = pa.schema([
@@ -33,6 +34,12 @@ SCHEMA = pa.schema([
     # on an epoch end's validation row with --early-stop: whether it ended the run (empty
     # on other rows and without --early-stop)
     ("early_stopped", pa.bool_()),
+    # input tokens of a token task's window (null otherwise) and their rate
+    ("tokens", pa.int64()), ("tokens_per_s", pa.float64()),
+    # time the window's steps waited for their micro-batches, and its share of the window
+    ("data_wait_s", pa.float64()), ("data_wait_share", pa.float64()),
+    # the window's mean gradient norm before clipping; model FLOPs utilisation (GPU, token tasks)
+    ("grad_norm", pa.float64()), ("mfu", pa.float64()),
 ])
 
 

@@ -95,6 +95,12 @@ def summarize_metrics(table: pa.Table, after_step: int = 0, trained_until: Optio
       every report and checkpoint included);
     - ``wall_samples_per_s``: the same samples over the command's whole wall time, from
       ``command_started`` (the process's start) to now: start-up included.
+    And the figures the field reads, over the same windows as ``samples_per_s``:
+    ``tokens_per_s`` (all ranks' input tokens / the slowest rank's time; token tasks),
+    ``data_wait_s`` (seconds a step waited for its micro-batches, the slowest rank's, per
+    step) and ``data_wait_share`` (of the steps' time), ``mfu`` (the ranks' mean; GPU
+    token tasks), and ``grad_norm`` (the last window's, before clipping: the same on
+    every rank, whose gradients are all-reduced).
     """
     rows = table.to_pylist()
     by_step: dict[int, list[dict[str, Any]]] = {}
@@ -111,7 +117,19 @@ def summarize_metrics(table: pa.Table, after_step: int = 0, trained_until: Optio
     end = trained_until if trained_until is not None else max((r["time"] for r in this_run), default=None)
     train_span = end - first_step if first_step is not None and end is not None else 0.0
     wall = time.time() - command_started if command_started is not None else 0.0
+    tokens = sum(sum(r.get("tokens") or 0 for r in by_step[s]) for s in measured)
+    step_count = sum(s - p for p, s in zip([0] + steps, steps) if s in measured)  # steps in those windows
+    waits = [max(r.get("data_wait_s") or 0.0 for r in by_step[s]) for s in measured]
+    mfus = [r["mfu"] for s in measured for r in by_step[s] if r.get("mfu") is not None]
+    norms = [r["grad_norm"] for r in last if r.get("grad_norm") is not None]
     return {
+        "tokens_per_s": tokens / seconds if tokens and seconds > 0 else None,
+        "data_wait_s": sum(waits) / step_count if step_count > 0 and any(r.get("data_wait_s") is not None
+                                                                         for r in last) else None,
+        "data_wait_share": sum(waits) / seconds if seconds > 0 and any(r.get("data_wait_s") is not None
+                                                                        for r in last) else None,
+        "grad_norm": norms[0] if norms else None,
+        "mfu": sum(mfus) / len(mfus) if mfus else None,
         "final_loss": rank_mean(last, "loss"),
         "samples_per_s": samples / seconds if seconds > 0 else 0.0,
         "train_samples_per_s": trained / train_span if train_span > 0 else None,

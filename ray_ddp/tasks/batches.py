@@ -29,6 +29,21 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, batch)
 
 
+def count_tokens(batch: Any) -> int:
+    """The input tokens of a batch as it came from the source (on the host): a 2-D integer
+    tensor of token ids, or a dict row's ``input_ids`` (its ``attention_mask`` counting
+    only real tokens where there is one); 0 for anything else (not a token task)."""
+    if isinstance(batch, Mapping):
+        mask, ids = batch.get("attention_mask"), batch.get("input_ids")
+        if isinstance(mask, torch.Tensor) and isinstance(ids, torch.Tensor) and mask.shape == ids.shape:
+            return int(mask.sum())
+        batch = ids
+    if isinstance(batch, torch.Tensor) and batch.dim() == 2 and not batch.is_floating_point() \
+            and batch.dtype != torch.bool:
+        return batch.numel()
+    return 0
+
+
 def batch_rows(batch: Any) -> int:
     """Rows in a batch: the first dimension of its first tensor."""
     for leaf in tree_leaves(batch):

@@ -34,6 +34,7 @@ from ray_ddp.tasks.batches import takes_keyword
 from ray_ddp.tasks.build import build_task
 from ray_ddp.worker.checks import raise_if_not_finite, weights_are_finite
 from ray_ddp.worker.devices import worker_devices
+from ray_ddp.worker.flops import flops_per_token, peak_flops
 from ray_ddp.worker.heartbeat import Heartbeat
 from ray_ddp.worker.parts import TrainParts, build_parts
 from ray_ddp.worker.preemption import PreemptionState, wait_for_restart
@@ -105,6 +106,7 @@ class WorkerRun:
         self.validator.resume_early_stop(state.step)  # --early-stop's count survives a resume
         self.preemptions = PreemptionState()
         self.window = WindowState.start(device, parts.devices[-1])
+        self.flops = (flops_per_token(parts.model), peak_flops(parts.devices))  # for mfu, once
 
     def train(self) -> None:
         cfg, state = self.cfg, self.state
@@ -165,7 +167,8 @@ class WorkerRun:
                 save = self._all_weights_finite()  # never checkpoint poisoned weights, even now
         row = window_row(self.window, self.task, now, epoch=epoch, step=self.state.step, rank=self.rank,
                          world_size=self.world_size, node_rank=self.node_rank, node_id=self.node_id,
-                         lr=self.parts.optimizer.param_groups[0]["lr"], device=self.parts.devices[0])
+                         lr=self.parts.optimizer.param_groups[0]["lr"], device=self.parts.devices[0],
+                         flops=self.flops)
         if epoch_end:
             with self.heartbeat.meant_wait():  # FSDP: gathers every parameter
                 row["weights_hash"] = weights_hash(model)

@@ -15,13 +15,15 @@ backwards (DDP's gradient hooks, FSDP's gathers are collectives), adding nothing
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
 from torch.utils._pytree import tree_map
 
 from ray_ddp.tasks.builtin import Task
-from ray_ddp.tasks.batches import batch_rows, forward, loss_of, to_device, zero_like_graph
+from ray_ddp.tasks.batches import batch_rows, count_tokens, forward, loss_of, to_device, zero_like_graph
 from ray_ddp.worker.parts import TrainParts
 from ray_ddp.worker.window import WindowState
 
@@ -31,7 +33,10 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
     in_device, out_device = parts.devices[0], parts.devices[-1]
     parts.zero_grad()
     started = window.busy.start()
+    fetching = time.perf_counter()
     batches = [source.micro_batch(epoch, step, micro) for micro in range(grad_accum)]
+    window.data_wait_s += time.perf_counter() - fetching
+    window.tokens += sum(count_tokens(x) for x, _, _ in batches)
     # the loss is summed over this rank's units and divided by its share of the step's:
     # a fixed number of units per row, or (masked labels) the step's units counted on the
     # host copies and summed over the ranks, as the Hugging Face Trainer does
@@ -61,13 +66,24 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
             window.busy.stop(started)
             parts.scaler.scale(loss).backward()
         window.add(sums, 0 if stand_in else batch_rows(y))  # the window keeps every sum's key
-    if clip_grad > 0:
-        parts.scaler.unscale_(parts.optimizer)
-        torch.nn.utils.clip_grad_norm_(parts.model.parameters(), clip_grad)
+    parts.scaler.unscale_(parts.optimizer)  # the norm of the true gradients (a no-op without fp16)
+    window.grad_norm_sum = window.grad_norm_sum + grad_norm(parts.model.parameters(), clip_grad)
     parts.scaler.step(parts.optimizer)
     parts.scaler.update()
     parts.scheduler.step()
     window.steps += 1
+
+
+def grad_norm(parameters, clip_grad: float) -> torch.Tensor:
+    """The gradients' total norm before clipping (clipped to ``clip_grad`` when > 0), on
+    the device: no sync. A sharded model's norm is over every rank's shards (DTensor)."""
+    parameters = list(parameters)
+    if clip_grad > 0:
+        norm = torch.nn.utils.clip_grad_norm_(parameters, clip_grad)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    full = getattr(norm, "full_tensor", None)  # a DTensor's norm: the all-reduced whole
+    return (full() if full is not None else norm).detach()
 
 
 def count_step_units(task: Task, batches: list, collective_device: torch.device) -> float:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 import torch
 
 from ray_ddp.worker.devices import peak_memory_mb
+from ray_ddp.worker.flops import model_flops_utilization
 
 
 class BusyClock:
@@ -55,9 +56,12 @@ class WindowState:
     busy: BusyClock
     steps: int = 0
     samples: int = 0
+    tokens: int = 0  # input tokens (token tasks; 0 otherwise): tasks/batches.py count_tokens
+    data_wait_s: float = 0.0  # time the steps waited for their micro-batches
     started: float = 0.0
     # set (on the device, no sync) once any micro-batch's loss was NaN or infinite
     loss_bad: Optional[torch.Tensor] = None
+    grad_norm_sum: Any = 0.0  # each step's gradient norm before clipping, on the device
 
     @classmethod
     def start(cls, device: torch.device, out_device: torch.device, at: Optional[float] = None) -> "WindowState":
@@ -73,11 +77,20 @@ class WindowState:
 
 
 def window_row(window: WindowState, task, ended: float, *, epoch: int, step: int, rank: int,
-               world_size: int, node_rank: int, node_id: str, lr: float, device: torch.device) -> dict:
-    """This rank's metrics.parquet row for a window that ended at ``ended``."""
+               world_size: int, node_rank: int, node_id: str, lr: float, device: torch.device,
+               flops: tuple[float, Optional[float]] = (0.0, None)) -> dict:
+    """This rank's metrics.parquet row for a window that ended at ``ended``; ``flops``:
+    the model's FLOPs per token and its devices' peak (worker/flops.py), for ``mfu``."""
     elapsed = ended - window.started
     totals = {k: float(v) for k, v in window.sums.items()}  # one device sync per window, not per step
-    return {
+    tokens_per_s = window.tokens / elapsed if window.tokens and elapsed > 0 else None
+    figures = {
+        "tokens": window.tokens or None, "tokens_per_s": tokens_per_s,
+        "data_wait_s": window.data_wait_s, "data_wait_share": window.data_wait_s / elapsed if elapsed > 0 else None,
+        "grad_norm": float(window.grad_norm_sum) / window.steps if window.steps else None,
+        "mfu": model_flops_utilization(tokens_per_s, *flops),
+    }
+    return {**figures,
         "epoch": epoch + 1, "step": step, "rank": rank, "node_rank": node_rank, "node_id": node_id,
         "world_size": world_size, **task.metrics(totals), "samples": window.samples,
         "step_time_s": elapsed, "busy_s": window.busy.read(),

@@ -193,3 +193,18 @@ def test_summary_has_three_throughputs_each_what_its_name_says(full_run):
     # the steady rate of steps: never above the fastest window's
     fastest = max(sum(r["samples_per_s"] for r in rows if r["step"] == s) for s in {r["step"] for r in rows})
     assert 0 < full_run.samples_per_s <= fastest * 1.000001
+
+
+def test_every_window_carries_the_figures_the_field_reads(full_run):
+    rows = rows_of(full_run)
+    # the toy's gradients, before clipping (--clip-grad 1.0 in small()): the same on both
+    # ranks (all-reduced), positive, and in the summary as the last window's
+    for step in {r["step"] for r in rows}:
+        norms = {r["grad_norm"] for r in rows if r["step"] == step}
+        assert len(norms) == 1 and all(0 < n < 1e3 for n in norms), norms
+    assert full_run.grad_norm == [r["grad_norm"] for r in rows if r["step"] == full_run.steps][0]
+    assert all(0 <= r["data_wait_s"] <= r["step_time_s"] and 0 <= r["data_wait_share"] <= 1 for r in rows)
+    assert 0 <= full_run.data_wait_share <= 1
+    # not a token task, and on CPU: no tokens, no mfu
+    assert all(r["tokens"] is None and r["tokens_per_s"] is None and r["mfu"] is None for r in rows)
+    assert (full_run.tokens_per_s, full_run.mfu) == (None, None)

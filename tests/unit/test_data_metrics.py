@@ -59,6 +59,20 @@ def test_summary_uses_slowest_rank_and_skips_warmup():
     s = summarize_metrics(pa.Table.from_pylist(rows, schema=SCHEMA))
     assert s["final_loss"] == 30.5
     assert s["samples_per_s"] == 400 / 4.0  # (2 ranks x 100) x 2 reports / (2 s + 2 s)
+    assert (s["tokens_per_s"], s["data_wait_s"], s["grad_norm"], s["mfu"]) == (None, None, None, None)  # not recorded
+
+
+def test_summary_figures_over_the_same_windows_as_samples_per_s():
+    rows = []
+    for step, times, waits in [(10, (5.0, 5.0), (4.0, 4.0)), (20, (1.0, 2.0), (0.1, 0.5)), (30, (1.0, 2.0), (0.2, 0.3))]:
+        for rank, t in enumerate(times):
+            rows.append(dict(epoch=1, step=step, rank=rank, loss=1.0, samples=100, step_time_s=t, samples_per_s=100 / t,
+                             time=0.0, busy_s=t / 2, world_size=2, lr=0.1, node_rank=0, node_id="n",
+                             tokens=6400, data_wait_s=waits[rank], grad_norm=0.5 * step, mfu=0.25 + rank / 10))
+    s = summarize_metrics(pa.Table.from_pylist(rows, schema=SCHEMA))
+    assert s["tokens_per_s"] == 4 * 6400 / 4.0  # the warm-up window (step 10) left out, as for samples
+    assert s["data_wait_s"] == (0.5 + 0.3) / 20 and s["data_wait_share"] == (0.5 + 0.3) / 4.0  # the slowest rank's
+    assert s["grad_norm"] == 15.0 and abs(s["mfu"] - 0.3) < 1e-12
 
 
 def test_batched_reports_unpack_into_every_window_in_order():
