@@ -68,10 +68,14 @@ TRAIN_CONTROLLER_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1"}
 # to confirm a hang over the same time. RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR=0 in the
 # driver's environment turns it off again.
 def nccl_hang_env(backend: str, hang_timeout: float) -> dict[str, str]:
+    """On NCCL with the hang watch on: Ray Train's NCCL hang detector too (it reads NCCL's
+    RAS view of every communicator), confirming over the same time, and only observing
+    (logging, stacks): ray_ddp's watch owns the kill, so a hang is never ended twice."""
     if backend != "nccl" or hang_timeout <= 0:
         return {}
     return {"RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR": "1",
-            "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S": str(hang_timeout)}
+            "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S": str(hang_timeout),
+            "RAY_TRAIN_NCCL_RAS_ACTION": "observe"}
 
 
 @contextmanager

@@ -174,3 +174,11 @@ def test_a_meant_wait_gets_a_larger_timeout_not_none():
     assert w.stalled(now=10 * MEANT_WAIT_FACTOR + 1) is not None  # an upload that never ends is a hang
     w.beat(1, 101, "n", "ip", 5, 5, False, now=20, waiting=False)  # the wait ended, no step since
     assert w.stalled(now=21) is not None
+
+
+def test_on_nccl_rays_detector_only_observes_so_one_watch_owns_the_kill():
+    from ray_ddp.cluster.runtime_env import nccl_hang_env
+
+    env = nccl_hang_env("nccl", 120.0)
+    assert env["RAY_TRAIN_NCCL_RAS_ACTION"] == "observe" and env["RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S"] == "120.0"
+    assert nccl_hang_env("gloo", 120.0) == {} and nccl_hang_env("nccl", 0) == {}
