@@ -75,8 +75,11 @@ class RestartRecorder(WorkerGroupCallback, ControllerCallback):
 
     def _last_step(self) -> int:
         """The last step any rank finished: from the heartbeats (every few seconds, so
-        also between reports), never less than the last report's."""
-        reported = self.metrics.last_step() or 0
+        also between reports), never less than the last report's or the checkpoint's."""
+        # never less than the checkpoint the group started from (a resumed fit reports
+        # nothing before its first window)
+        reported = max(self.metrics.last_step() or 0,
+                       checkpoint_step(self.metrics.last_checkpoint_name() or self.resumed_from))
         if self.watch is None:
             return reported
         try:

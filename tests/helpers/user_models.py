@@ -257,6 +257,61 @@ def dies_on_rank_one(marker: str, at: int, every_life: bool = False) -> nn.Modul
     return DiesOnRankOne(marker, at, every_life)
 
 
+class DiesOnSchedule(nn.Module):
+    """The tutorial's ToyModel (the same parameters, so the same weights as ``toy``) whose
+    processes SIGKILL themselves at chosen moments, one per life of the worker group:
+    ``kills[k] = (rank, moment, at)`` for the k-th life (lives are counted in ``folder``),
+    ``moment`` "forward" (at that rank's ``at``-th training forward: during that step)
+    or "save" (at the first state_dict after its ``at``-th forward: during that step's
+    checkpoint), or None (a life without a kill). A life past the schedule trains
+    undisturbed."""
+
+    def __init__(self, folder: str, kills: tuple):
+        super().__init__()
+        self.net1, self.relu, self.net2 = nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)
+        self.folder, self.kills, self.calls = folder, kills, 0
+        self.rank, self.kill = self._life()
+
+    def _life(self):
+        import os
+
+        try:
+            import ray.train
+
+            rank = ray.train.get_context().get_world_rank()
+        except Exception:  # built on the driver (its checks): not a life
+            return None, None
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, f"lives-{rank}")  # each rank counts its own lives
+        with open(path, "a") as f:
+            f.write("life\n")
+        with open(path) as f:
+            life = len(f.read().splitlines())
+        kill = self.kills[life - 1] if life - 1 < len(self.kills) else None
+        return rank, kill if kill is not None and kill[0] == rank else None
+
+    def _die(self):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def forward(self, x):
+        self.calls += self.training
+        if self.kill is not None and self.training and self.kill[1] == "forward" and self.calls == self.kill[2]:
+            self._die()
+        return self.net2(self.relu(self.net1(x)))
+
+    def state_dict(self, *args, **kwargs):
+        if self.kill is not None and self.kill[1] == "save" and self.calls >= self.kill[2]:
+            self._die()
+        return super().state_dict(*args, **kwargs)
+
+
+def dies_on_schedule(folder: str, kills: tuple) -> nn.Module:
+    return DiesOnSchedule(folder, kills)
+
+
 class HangsOnRankOne(nn.Module):
     """The tutorial's ToyModel whose rank 1 stops answering (a stuck read, a deadlocked
     kernel) at its ``at``-th training forward, in its first life only: its peers wait for

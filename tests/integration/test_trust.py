@@ -110,27 +110,3 @@ def test_a_fixed_run_names_the_lost_worker_and_the_flag(ray_local, storage, tmp_
                         r"--max-failures N \(-1: no limit\) to let the run restart from its latest "
                         r"checkpoint", message), message
 
-
-def test_a_worker_lost_before_any_report_is_an_event_with_its_rank_node_and_scratch(ray_local, storage, tmp_path):
-    """Rank 1 dies at its 3rd step; the first report (and checkpoint) would be at step 10.
-    Ray Train restarts the group itself (--max-failures 1): the restart is recorded as it
-    happens (observe/restarts.py), said in one line, and counted by `ray-ddp runs`."""
-    from user_models import dies_on_rank_one
-
-    lines: list[str] = []
-    name = "lost-before-any-report"
-    summary = run(TrainConfig(workers=2, epochs=1, steps_per_epoch=10, batch_size=16, report_every=10,
-                              max_failures=1, storage=str(storage), name=name),
-                  echo=lines.append, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 3))
-    assert summary.epochs_completed == 1 and summary.steps == 10
-    [event] = summary.events
-    assert (event["type"], event["rank"], event["node"], event["from_checkpoint"], event["restarted"]) == \
-        ("failure", 1, "127.0.0.1", None, True), event
-    assert event["steps_lost"] == event["step"] and 0 <= event["step"] <= 2, event  # all of it, from scratch
-    said = [line for line in lines if line.startswith("failure after step")]
-    assert len(said) == 1 and re.search(r"rank 1 was lost \(its process \d+ died\); Ray Train restarted the "
-                                        r"worker group \(within --max-failures\); restarted from scratch", said[0]), lines
-    status = json.loads((storage / name / "status.json").read_text())
-    assert status["events"] == summary.events
-    [listing] = [r for r in list_runs(str(storage)) if r.name == name]
-    assert listing.restarts == 1

@@ -1,0 +1,75 @@
+"""Failures at the moments a real run meets them, each recorded once and rightly: one
+run whose worker group is SIGKILLed at its first step, mid first epoch before any
+checkpoint, during a checkpoint, and (a second command) after a resume. Ray Train
+restarts the group each time (--max-failures); every failure is one event with its type,
+rank, node, step, the checkpoint the new group loaded (or none: from scratch) and the
+steps it redid, one console line, and the run ends with the weights of a run that never
+failed (test_train.py's full_run: the same toy, data and schedule). `ray-ddp runs`
+counts the restarts.
+
+(A hang's moments: test_hangs.py, after the first checkpoint. A kill during validation
+is not here yet.)"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import pytest
+
+from ray_ddp import run
+from ray_ddp.observe.runs import list_runs
+
+from ._runs import final_hashes, rows_of, small
+
+pytestmark = pytest.mark.ray
+
+KILLS = (
+    (1, "forward", 1),   # life 1: rank 1 at its first step; nothing saved: from scratch
+    (1, "forward", 7),   # life 2: rank 1 at step 7, after the report of step 5: from scratch
+    (0, "save", 20),     # life 3: rank 0 in step 20's checkpoint: from step-10
+    None,                # life 4: ends the first command (2 epochs)
+    (1, "forward", 3),   # life 5, the second command (resumed at step 20): rank 1 at step 23
+)
+
+
+def test_each_failure_moment_is_one_event_one_line_and_the_weights_of_a_run_that_never_failed(
+        full_run, storage, tmp_path):
+    from user_models import dies_on_schedule
+
+    lines: list[str] = []
+    model = functools.partial(dies_on_schedule, str(tmp_path / "lives"), KILLS)
+    first = run(small(storage, "faults", epochs=2, max_failures=3, quiet=False), echo=lines.append, model=model)
+    assert first.epochs_completed == 2
+    second = run(small(storage, "faults", epochs=3, max_failures=3, quiet=False), echo=lines.append, model=model)
+    assert second.epochs_completed == 3 and second.resumed_from.endswith("/faults/step-00000020")
+
+    events = second.events
+    assert [(e["type"], e["rank"], e["node"], e["from_checkpoint"], e["restarted"]) for e in events] == [
+        ("failure", 1, "127.0.0.1", None, True),
+        ("failure", 1, "127.0.0.1", None, True),
+        ("failure", 0, "127.0.0.1", "step-00000010", True),
+        ("failure", 1, "127.0.0.1", "step-00000020", True),
+    ], events
+    # the last step any rank finished, as far as the run knew (the reports; the hang
+    # watch's heartbeats between them), and the steps the new group redid from there
+    since = (0, 0, 10, 20)
+    bounds = ((0, 0), (5, 6), (15, 20), (20, 22))
+    for e, start, (low, high) in zip(events, since, bounds):
+        assert low <= e["step"] <= high and e["steps_lost"] == e["step"] - start, e
+        assert "was lost (its process" in e["cause"] and "--max-failures" in e["cause"], e
+    said = [line for line in lines if line.startswith("failure after step")]
+    assert len(said) == 4, lines
+    for line, e in zip(said, events):
+        where = f"restarted from {e['from_checkpoint'] or 'scratch'}"
+        assert re.match(rf"failure after step {e['step']}: rank {e['rank']} was lost .*; {where}", line), line
+
+    status = json.loads((storage / "faults" / "status.json").read_text())
+    assert status["events"] == events
+    [listing] = [r for r in list_runs(str(storage)) if r.name == "faults"]
+    assert listing.restarts == 4
+    rows = rows_of(second)
+    keys = [(r["step"], r["rank"]) for r in rows]
+    assert sorted(keys) == sorted(set(keys)), "each (step, rank) once: a redone step replaces its first try"
+    assert final_hashes(rows) == final_hashes(rows_of(full_run))
