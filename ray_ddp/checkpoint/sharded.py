@@ -168,6 +168,17 @@ def read_model_state(directory: str) -> dict[str, torch.Tensor]:
     return state
 
 
+def read_model_shapes(directory: str) -> dict[str, torch.Tensor]:
+    """The model's tensors of a sharded checkpoint on the meta device, from DCP's
+    metadata alone: names, shapes and dtypes, no shard read."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader_class, _ = weights_only_dcp()
+    return {key[len("model."):]: torch.empty(item.size, dtype=item.properties.dtype, device="meta")
+            for key, item in reader_class(directory).read_metadata().state_dict_metadata.items()
+            if key.startswith("model.") and isinstance(item, TensorStorageMetadata)}
+
+
 def split_tensors(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Two nested dicts of ``state``'s shape: its tensors (what DCP writes), and all else
     (lists such as ``param_groups`` whole), which train_state.pt holds."""

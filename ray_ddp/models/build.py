@@ -116,7 +116,7 @@ def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
     else:
         with meta:
             model = build_model(cfg, [meta, meta], given)
-    check_init_weights(model, read_init_weights(init_from), cfg.init_strict, init_from)
+    check_init_weights(model, read_init_weights(init_from, shapes_only=True), cfg.init_strict, init_from)
 
 
 def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:

@@ -19,43 +19,51 @@ from ray_ddp.models.hf import local_folder
 _FILES = ("model.pt", "model.safetensors", "pytorch_model.bin")
 
 
-def read_init_weights(path: str) -> dict[str, torch.Tensor]:
-    """The state_dict at ``path``; ConfigError in one line for anything else."""
+def read_init_weights(path: str, shapes_only: bool = False) -> dict[str, torch.Tensor]:
+    """The state_dict at ``path``; ConfigError in one line for anything else. With
+    ``shapes_only`` (the driver's check), its tensors on the meta device: names and shapes
+    read from the safetensors headers, DCP's metadata or a memory-mapped torch file,
+    never the weights themselves (a 70B model's do not fit the driver)."""
     with local_folder(path) as local:
         if os.path.isdir(local):
-            return _read_folder(local, path)
+            return _read_folder(local, path, shapes_only)
         if not os.path.isfile(local):
             raise ConfigError(f"--init-from {path}: no such file or folder")
-        return _read_file(local, path)
+        return _read_file(local, path, shapes_only)
 
 
-def _read_folder(folder: str, given: str) -> dict[str, torch.Tensor]:
-    from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, read_model_state
+def _read_folder(folder: str, given: str, shapes_only: bool = False) -> dict[str, torch.Tensor]:
+    from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, read_model_shapes, read_model_state
 
     if is_sharded_checkpoint(folder) and not os.path.isfile(os.path.join(folder, "model.pt")):
-        return read_model_state(folder)
+        return read_model_shapes(folder) if shapes_only else read_model_state(folder)
     for name in _FILES:
         if os.path.isfile(os.path.join(folder, name)):
-            return _read_file(os.path.join(folder, name), given)
+            return _read_file(os.path.join(folder, name), given, shapes_only)
     shards = sorted(glob.glob(os.path.join(folder, "model-*.safetensors")))  # a sharded save_pretrained
     if shards:
         state: dict[str, torch.Tensor] = {}
         for shard in shards:
-            state.update(_read_file(shard, given))
+            state.update(_read_file(shard, given, shapes_only))
         return state
     raise ConfigError(f"--init-from {given}: the folder holds none of {', '.join(_FILES)}; give a "
                       "checkpoint folder, a save_pretrained folder or a state_dict file")
 
 
-def _read_file(path: str, given: str) -> dict[str, torch.Tensor]:
+def _read_file(path: str, given: str, shapes_only: bool = False) -> dict[str, torch.Tensor]:
     if path.endswith(".safetensors"):
         try:
+            from safetensors import safe_open
             from safetensors.torch import load_file
         except ImportError:
             raise ConfigError("reading .safetensors needs safetensors: pip install 'ray_ddp[hf]'") from None
-        return load_file(path)
+        if not shapes_only:
+            return load_file(path)
+        with safe_open(path, framework="pt") as f:  # the header only
+            return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # memory-mapped for the shapes: no tensor's bytes are read
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=shapes_only)
     except Exception as err:  # a pickle with code, or not a torch file at all
         raise ConfigError(f"--init-from {given}: not a state_dict that loads with weights_only=True "
                           f"({type(err).__name__}: {str(err).splitlines()[0][:160]})") from None
@@ -64,6 +72,8 @@ def _read_file(path: str, given: str) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"--init-from {given}: {type(state).__name__} is not a state_dict (a dict of "
                           "tensor names to tensors)")
+    if shapes_only:
+        return {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}
     return state
 
 

@@ -132,6 +132,26 @@ def test_init_from_loads_matching_keys_and_names_the_rest(tmp_path):
         read_init_weights(str(tmp_path / "notes.pt"))
 
 
+def test_the_drivers_check_reads_names_and_shapes_never_the_weights(tmp_path):
+    from hf_data import gpt2
+
+    from ray_ddp.models.init import check_init_weights
+
+    trained = gpt2(1)
+    trained.save_pretrained(str(tmp_path / "hf"))
+    torch.save(trained.state_dict(), tmp_path / "whole.pt")
+    for given in (str(tmp_path / "hf"), str(tmp_path / "whole.pt")):
+        shapes = read_init_weights(given, shapes_only=True)
+        whole = read_init_weights(given)
+        assert set(shapes) == set(whole) and all(t.device.type == "meta" for t in shapes.values())
+        assert all(shapes[k].shape == whole[k].shape for k in whole)
+        check_init_weights(gpt2(1), shapes, True, given)  # fits, as the weights do
+    bigger = gpt2(1)
+    bigger.transformer.wte = torch.nn.Embedding(trained.config.vocab_size + 1, trained.config.n_embd)
+    with pytest.raises(ConfigError, match=r"shapes differ: transformer\.wte\.weight"):
+        check_init_weights(bigger, read_init_weights(str(tmp_path / "hf"), shapes_only=True), True, "hf")
+
+
 def test_the_driver_refuses_what_no_task_can_use(tmp_path):
     class Keyed(torch.utils.data.Dataset):
         def __len__(self):

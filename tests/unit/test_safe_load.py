@@ -158,3 +158,15 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused_before_any_c
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and problem in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing exported"
+
+
+def test_a_sharded_checkpoints_shapes_come_from_its_metadata_alone(one_rank_group, tmp_path):
+    from ray_ddp.checkpoint.sharded import read_model_shapes, read_model_state
+
+    folder = write_sharded(tmp_path / "gpt", *trained())
+    whole = read_model_state(str(folder))
+    for name in [p.name for p in folder.iterdir() if p.name.endswith(".distcp")]:
+        (folder / name).unlink()  # the shards gone: only the metadata is read
+    shapes = read_model_shapes(str(folder))
+    assert set(shapes) == set(whole) and all(shapes[k].shape == whole[k].shape for k in whole)
+    assert all(t.device.type == "meta" for t in shapes.values())
