@@ -53,7 +53,8 @@ class TrainConfig:
     collate: Optional[str] = _opt("your own collate function for --dataset: package.module:callable, "
                                   "fn(list of items) -> (inputs, targets)", default=None)
     data: str = _opt("training data: synthetic, or a parquet file / folder of parquet files "
-                     "(local path or URI), loaded into each worker's memory (or read in pieces: --stream)",
+                     "(local path or URI), loaded into each worker's memory (or read in pieces: --stream), "
+                     "or a Hugging Face datasets save_to_disk folder of one split (dict rows, memory-mapped)",
                      default="synthetic")
     features: Optional[str] = _opt("input columns of --data, COL[,COL...] (or one fixed-size list "
                                    "column); default: f0, f1, ... as `ray-ddp data synth` writes",
@@ -76,7 +77,7 @@ class TrainConfig:
         "rows still exactly the rank's (0: read in the training thread); default: the "
         "worker's CPUs less one, at most 8 (so 0 with one CPU per worker)", default=None)
     val_data: Optional[str] = _opt("validation data: a parquet file / folder (or text, with --task "
-                                   "lm), read like --data", default=None)
+                                   "lm, or a datasets save_to_disk folder), read like --data", default=None)
     val_fraction: float = _opt("hold out this fraction of --data / --dataset rows for validation "
                                "(a split fixed by --seed, never trained on)", default=0.0)
     eval_every: int = _opt("epochs between validations (the last epoch is always evaluated)", default=1)

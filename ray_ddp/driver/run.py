@@ -19,6 +19,7 @@ from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
 from ray_ddp.data.plan import check_row_targets, fit_batch_to, fit_data_to, inspect_data
 from ray_ddp.data.ray_data import is_ray_dataset, plan_ray_data
+from ray_ddp.data.saved import open_saved_datasets
 from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
@@ -44,6 +45,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     or a script workers cannot import."""
     started = time.time()
     marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
+    cfg, train_data, val_data = open_saved_datasets(cfg, train_data, val_data)  # --data DIR of save_to_disk
     objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss, "collate": collate}
     cfg = check_config(cfg, objects)
     data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds

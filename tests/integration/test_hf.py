@@ -77,19 +77,23 @@ def test_export_hf_gives_a_folder_from_pretrained_loads(gpt2_run, storage, tmp_p
         torch.testing.assert_close(value, trained[key], rtol=0, atol=0)
 
 
-def test_a_bert_classifier_learns_from_a_datasets_dataset_padded_by_its_tokenizers_collator(ray_local, storage):
-    # data as Hugging Face users hold it: dict rows of ragged ids with a `label` column in a
-    # datasets.Dataset, and DataCollatorWithPadding(tokenizer) as the collate object; the
-    # rows' labels make the model's own loss the objective. (The CLI test below trains the
-    # (input, target) pairs with --collate ray_ddp.data.collate:pad_sequences.)
+def test_a_bert_classifier_learns_from_a_datasets_dataset_padded_by_its_tokenizers_collator(ray_local, storage,
+                                                                                              tmp_path):
+    # data as Hugging Face users hold it: dict rows of ragged ids with a `label` column,
+    # the training rows a save_to_disk folder given as --data DIR (read by pyarrow), the
+    # validation rows a datasets.Dataset given as val_data=; DataCollatorWithPadding
+    # (tokenizer) as the collate object; the rows' labels make the model's own loss the
+    # objective. (The CLI test below trains the (input, target) pairs with --collate
+    # ray_ddp.data.collate:pad_sequences.)
     from transformers import DataCollatorWithPadding
 
     from hf_data import bert, sentiment_rows, tokenizer
 
+    sentiment_rows(480, seed=0).save_to_disk(str(tmp_path / "train"))
     cfg = TrainConfig(workers=2, epochs=6, batch_size=16, optimizer="adamw", lr=3e-3, report_every=10,
-                      storage=str(storage), name="hf-bert", quiet=True)
-    summary = run(cfg, model=bert, train_data=sentiment_rows(480, seed=0), val_data=sentiment_rows(120, seed=1),
-                  collate=DataCollatorWithPadding(tokenizer()))
+                      data=str(tmp_path / "train"), storage=str(storage), name="hf-bert", quiet=True)
+    summary = run(cfg, model=bert, val_data=sentiment_rows(120, seed=1), collate=DataCollatorWithPadding(tokenizer()))
+    assert summary.steps == 6 * 15  # 480 rows at 2 x 16 a step
     assert summary.task == "classification"
     assert summary.val_accuracy > 0.8, summary.val_accuracy  # chance is 1/3
 
