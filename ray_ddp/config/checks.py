@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ray_ddp.config.choices import AMP_MODES, BACKENDS, BUILTIN_MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, TASKS
 from ray_ddp.config.workers import parse_workers, worker_range
 from ray_ddp.errors import ConfigError
+from ray_ddp.config.callables import load_callable
 
 if TYPE_CHECKING:  # checks take a TrainConfig, which calls them: no import at run time
     from ray_ddp.config.train import TrainConfig
@@ -141,7 +142,6 @@ def check_objects(cfg: TrainConfig, objects: dict[str, Any]) -> None:
     fail here, in one line)."""
     import torch
 
-    from ray_ddp.models.build import load_callable
 
     model, train_data, loss = objects.get("model"), objects.get("train_data"), objects.get("loss")
     collate = objects.get("collate")

@@ -20,6 +20,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.data.sources import IndexedSource, StreamSource, part_bounds, tensor_fetcher
 from ray_ddp.data.synth import SyntheticSource, teacher_weights
 from ray_ddp.data.user import rows_fetcher
+from ray_ddp.config.callables import load_callable
 
 
 @dataclass
@@ -190,6 +191,5 @@ def load_rows(cfg: TrainConfig, path: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _load(spec: str, what: str) -> Callable:
-    from ray_ddp.models.build import load_callable
 
     return load_callable(spec, what=what)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional
 import torch
 from ray_ddp.errors import ConfigError
+from ray_ddp.config.callables import load_callable
 
 LABEL_KEYS = ("labels", "label", "label_ids")
 
@@ -100,7 +101,6 @@ def empty_batch(batch):
 def load_user_dataset(spec: str):
     """``package.module:callable`` returning a map-style Dataset of (input, target) pairs
     or dict rows."""
-    from ray_ddp.models.build import load_callable
 
     fn = load_callable(spec, what="dataset")
     try:

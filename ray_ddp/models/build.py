@@ -5,33 +5,15 @@ workers.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Sequence
 import torch
 from torch import nn
+from ray_ddp.config.callables import load_callable
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.activation import apply_activation_checkpointing, check_activation_checkpointing
 from ray_ddp.models.hf import build_hf_model, check_hf_folder, is_hf_model
 from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
-
-
-def load_callable(spec: str, what: str = "model") -> Callable[..., nn.Module]:
-    """Resolve ``package.module:callable``; raise ConfigError with the reason if it fails."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"{what} '{spec}' must look like package.module:callable")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # any import-time failure of user code is the user's to fix
-        raise ConfigError(
-            f"{what} '{spec}': cannot import {module_name} ({type(err).__name__}: {err}); "
-            "check the module is on PYTHONPATH"
-        ) from None
-    fn = getattr(module, attr, None)
-    if fn is None or not callable(fn):
-        raise ConfigError(f"{what} '{spec}': {module_name} has no callable named {attr}")
-    return fn
 
 
 def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:

@@ -26,7 +26,7 @@ from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.data.inputs import build_inputs
 from ray_ddp.data.plan import fit_to_world
 from ray_ddp.errors import UnusedParametersError
-from ray_ddp.models.build import load_callable
+from ray_ddp.config.callables import load_callable
 from ray_ddp.parallel.build import build_strategy
 from ray_ddp.plan import WorkerPlan
 from ray_ddp.tasks.builtin import Task

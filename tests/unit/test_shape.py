@@ -1,4 +1,5 @@
-"""The package's shape, kept by a test: its imports, walked with ``ast``, have no cycle;
+"""The package's shape, kept by a test: its imports, walked with ``ast``, have no cycle,
+not even through a function-level import;
 the code that runs on workers (``worker/``, ``parallel/``) never reaches into the driver
 or the CLI; the driver, the cluster code and the CLI never import torch.distributed;
 models never import parallel/ (a model declares its FSDP units, as torchtitan's do);
@@ -31,12 +32,27 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+def _run_time_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of a module except what sits under ``if TYPE_CHECKING:`` (never run)."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def imports_of(path: Path, top_level_only: bool) -> set[str]:
     """The modules a file imports (``from ray_ddp.x import y`` counts ray_ddp.x, and
     ray_ddp.x.y when that is a module); ``top_level_only``: the ones run at import time
-    (not inside a function, and not under ``if TYPE_CHECKING``)."""
+    (not inside a function, and not under ``if TYPE_CHECKING``); else every import that
+    may run, function-level ones included."""
     tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    nodes = tree.body if top_level_only else _run_time_nodes(tree)
     known = modules()
     found = set()
     for node in nodes:
@@ -48,12 +64,12 @@ def imports_of(path: Path, top_level_only: bool) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(top_level_only: bool = True) -> dict[str, set[str]]:
     known = modules()
     graph = {}
     for name, path in known.items():
         deps = set()
-        for target in imports_of(path, top_level_only=True):
+        for target in imports_of(path, top_level_only=top_level_only):
             # importing ray_ddp.a.b runs ray_ddp/__init__ and ray_ddp/a/__init__ first
             parts = target.split(".")
             deps.update(".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in known)
@@ -93,6 +109,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 def test_the_package_imports_have_no_cycle():
     cycle = find_cycle(import_graph())
     assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_cycle_hides_behind_a_function_level_import():
+    """A function-level import runs later, so a cycle through one imports without error,
+    and ties the two modules together all the same: none is allowed."""
+    cycle = find_cycle(import_graph(top_level_only=False))
+    assert not cycle, "import cycle through a function-level import: " + " -> ".join(cycle)
 
 
 def test_worker_code_never_imports_the_driver_and_the_driver_never_torch_distributed():
