@@ -12,47 +12,9 @@ from ray_ddp.tasks.batches import forward
 from ray_ddp.tasks.build import build_task, loss_units_of
 
 transformers = pytest.importorskip("transformers")
-VOCAB = 32
 
-
-def tiny(kind: str):
-    """A tiny model of ``kind`` in eval mode (dropout would make every forward differ)."""
-    return _build(kind).eval()
-
-
-def _build(kind: str):
-    torch.manual_seed(0)
-    t = transformers
-    if kind == "gpt2":
-        return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2))
-    if kind == "t5":
-        return t.T5ForConditionalGeneration(t.T5Config(vocab_size=VOCAB, d_model=16, d_ff=32, d_kv=8,
-                                                       num_layers=1, num_heads=2, decoder_start_token_id=0))
-    if kind == "bart":
-        return t.BartForConditionalGeneration(t.BartConfig(
-            vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32))
-    bert = t.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32, num_labels=3)
-    return {"masked": t.BertForMaskedLM, "token": t.BertForTokenClassification,
-            "choice": t.BertForMultipleChoice, "rows": t.BertForSequenceClassification}[kind](bert)
-
-
-def batch(kind: str, rows: int = 6, length: int = 8) -> dict:
-    """Rows whose labels have different lengths (-100 past each row's end), a row of one
-    label token, and (where labels are tokens) a row with none at all."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, VOCAB, (rows, length), generator=g)
-    if kind in ("rows", "choice"):
-        labels = torch.randint(0, 3 if kind == "rows" else 2, (rows,), generator=g)
-        if kind == "choice":  # (rows, choices, length)
-            return {"input_ids": torch.stack([ids, ids.flip(1)], 1), "labels": labels}
-        return {"input_ids": ids, "labels": labels}
-    labels = torch.randint(0, 3 if kind == "token" else VOCAB, (rows, length), generator=g)
-    ends = [8, 1, 5, 2, 0, 7][:rows]  # label tokens per row: one row has 1, one has none
-    for r, end in enumerate(ends):
-        labels[r, end:] = -100
-    return {"input_ids": ids, "labels": labels}
+from hf_tiny import UNITS, VOCAB, tiny  # noqa: E402  (after the skip: it builds transformers models)
+from hf_tiny import rows as batch  # noqa: E402
 
 
 def own_loss(model, x) -> float:
@@ -67,8 +29,7 @@ def weighted_mean(model, task, micro_batches) -> float:
         return sum(task.sums(forward(model, x), x["labels"], x)["loss"].item() for x in micro_batches) / total
 
 
-CASES = {"gpt2": "shifted", "t5": "tokens", "bart": "tokens", "masked": "tokens", "token": "tokens",
-         "rows": "rows", "choice": "rows"}
+CASES = {k: v for k, v in UNITS.items() if k in ("gpt2", "t5", "bart", "masked", "token", "rows", "choice")}
 
 
 @pytest.mark.parametrize("kind", CASES)

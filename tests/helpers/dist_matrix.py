@@ -1,0 +1,108 @@
+"""ray_ddp's step in plain gloo process groups, no Ray: what tests/integration/
+test_loss_matrix.py runs on each rank. ``run_on_ranks`` starts the ranks (spawned
+processes on loopback, this folder on their path) and returns what each rank's function
+returned; ``one_step`` is such a function: for each case (a tiny HF model, DDP or FSDP)
+it takes one optimizer step of ray_ddp's train_step (worker/step.py) on this rank's
+share of a global batch, cut into micro-batches, and returns the whole weights after it."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_on_ranks(world: int, fn, *args, timeout_s: float = 300.0) -> list:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, fn, args, results)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        out = dict(results.get(timeout=timeout_s) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    errors = {rank: r for rank, r in out.items() if isinstance(r, str)}
+    assert not errors, errors
+    return [torch.load(io.BytesIO(out[rank]), weights_only=False) for rank in range(world)]
+
+
+def _rank_main(rank, world, port, fn, args, results):
+    import traceback
+
+    import torch.distributed as dist
+
+    sys.path.insert(0, HERE)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        # as bytes: a tensor put on a queue is shared memory the parent reads after this exits
+        buffer = io.BytesIO()
+        torch.save(fn(rank, world, *args), buffer)
+        results.put((rank, buffer.getvalue()))
+    except BaseException:
+        results.put((rank, "error: " + traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches: int) -> dict:
+    """{(kind, strategy): the whole weights after one SGD step (lr 1: the step is the
+    gradient)} for this rank's rows [rank * n, (rank + 1) * n) of the global batch, n =
+    global_rows / world, in ``micro_batches`` equal parts."""
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.parallel.build import build_strategy
+    from ray_ddp.tasks.build import build_task
+    from ray_ddp.worker.parts import TrainParts
+    from ray_ddp.worker.step import train_step
+    from ray_ddp.worker.window import WindowState
+
+    from hf_tiny import rows, task_of, tiny
+
+    cpu = torch.device("cpu")
+    out = {}
+    for kind, strategy_name in cases:
+        model = tiny(kind)
+        strategy = build_strategy(TrainConfig(strategy=strategy_name))
+        wrapped = strategy.setup_module(model, [cpu])
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        parts = TrainParts(model, wrapped, wrapped, optimizer,
+                           torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                           torch.amp.GradScaler("cpu", enabled=False), [cpu], strategy)
+        x = rows(kind, global_rows)
+        share = global_rows // world
+        mine = {k: v[rank * share:(rank + 1) * share] for k, v in x.items()}
+        size = share // micro_batches
+        parts_of = [{k: v[m * size:(m + 1) * size] for k, v in mine.items()} for m in range(micro_batches)]
+        source = _Batches([(p, p["labels"], share) for p in parts_of])
+        task = build_task(task_of(kind), 8, model=model, model_loss=True)
+        train_step(parts, task, source, WindowState.start(cpu, cpu), 0, 0, micro_batches, 0.0, cpu)
+        out[(kind, strategy_name)] = {n: _whole(p) for n, p in model.named_parameters()}
+    return out
+
+
+class _Batches:
+    """A source of fixed micro-batches: (inputs, targets, this rank's rows in the step)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def micro_batch(self, epoch, step, micro):
+        return self.batches[micro]
+
+
+def _whole(p: torch.Tensor) -> torch.Tensor:
+    full = getattr(p, "full_tensor", None)  # FSDP's shards, gathered
+    return (full() if full is not None else p).detach().clone()
