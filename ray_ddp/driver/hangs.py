@@ -65,9 +65,13 @@ class WatchState:
             return None
         return {"step": min(r["step"] for r in ranks), "since_s": since}
 
-    def last_step(self) -> int:
-        """The last step any rank of the current group finished, as far as its beats said."""
-        return max((r["step"] for r in self.ranks.values()), default=0)
+    def last_step(self, processes=None) -> int:
+        """The last step any rank of the current group finished, as far as its beats said;
+        only ``processes`` ((node, pid) pairs) count when given: a group that has not
+        beaten yet is not told an earlier group's steps."""
+        mine = set(map(tuple, processes)) if processes is not None else None
+        return max((r["step"] for r in self.ranks.values() if mine is None or (r["node"], r["pid"]) in mine),
+                   default=0)
 
     def retire(self) -> None:
         """The group was ended: forget it and ignore its processes from now on."""
@@ -94,8 +98,8 @@ class HangWatch:
     def stalled(self):
         return self.state.stalled(time.monotonic())
 
-    def last_step(self):
-        return self.state.last_step()
+    def last_step(self, processes=None):
+        return self.state.last_step(processes)
 
     def ask_for_stacks(self) -> dict[int, dict[str, Any]]:
         self.state.asking = True

@@ -39,6 +39,7 @@ class MetricsCallback(UserCallback):
         self._nodes: dict[str, Any] = {}  # rank -> node ID of the group now running
         self._progress: dict[str, Any] = {}  # progress.json as last written
         self._last_step: Optional[int] = None  # the last step reported in this fit
+        self._group_step: Optional[int] = None  # the last step the running worker group reported
         self._last_checkpoint: Optional[tuple[str, int]] = None  # (its folder, its step)
         self._tb = None
         self.tracking = tracking  # --mlflow's MlflowConfig; None once the server failed
@@ -77,7 +78,7 @@ class MetricsCallback(UserCallback):
         progress["preemptions"] = self._preemptions
         progress["events"] = self._events  # restarts Ray Train made itself (--max-failures)
         progress["mlflow_failed"] = self._tracking_failed
-        self._last_step = int(windows[-1][0]["step"])
+        self._last_step = self._group_step = int(windows[-1][0]["step"])
         # where each rank runs: the driver names the rank and node of a failure with it
         self._nodes = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
         progress["nodes"] = self._nodes
@@ -99,8 +100,9 @@ class MetricsCallback(UserCallback):
 
     # What observe/restarts.py's RestartRecorder (the same controller) reads and records.
 
-    def last_step(self) -> Optional[int]:
-        return self._last_step
+    def group_step(self) -> Optional[int]:
+        """The last step the running worker group reported (None before its first report)."""
+        return self._group_step
 
     def last_checkpoint_name(self) -> Optional[str]:
         return self._last_checkpoint[0] if self._last_checkpoint else None
@@ -112,7 +114,7 @@ class MetricsCallback(UserCallback):
     def note_group(self, nodes: dict[str, Any]) -> None:
         """A worker group started: where its ranks run, in progress.json at once, so a
         failure before its first report still names the node."""
-        self._nodes = nodes
+        self._nodes, self._group_step = nodes, None
         self._write_progress({**self._progress, "nodes": nodes, "time": time.time()})
 
     def add_event(self, event: dict[str, Any]) -> None:

@@ -48,12 +48,16 @@ class RestartRecorder(WorkerGroupCallback, ControllerCallback):
     def __init__(self, metrics: Any, watch: Any = None, resumed_from: Optional[str] = None):
         self.metrics, self.watch, self.resumed_from = metrics, watch, resumed_from
         self._ips: dict[str, str] = {}  # rank -> its node's IP, for the group now running
+        self._processes: list[tuple[str, int]] = []  # its (node ID, pid)s: whose heartbeats count
+        self._start_step = 0  # the step of the checkpoint it started from
         self._failed: Optional[tuple[Any, int]] = None  # (FailureSummary, last step) of that group
 
     @never_fails
     def after_worker_group_start(self, worker_group) -> None:
         workers = worker_group.get_workers()
         self._ips = {str(w.distributed_context.world_rank): w.metadata.node_ip for w in workers}
+        self._processes = [(w.metadata.node_id, w.metadata.pid) for w in workers]
+        self._start_step = checkpoint_step(self.metrics.last_checkpoint_name() or self.resumed_from)
         self._failed = None
         self.metrics.note_group({str(w.distributed_context.world_rank): w.metadata.node_id for w in workers})
 
@@ -74,17 +78,16 @@ class RestartRecorder(WorkerGroupCallback, ControllerCallback):
         self.metrics.add_event(restart_event(failure, step, checkpoint, preempted))
 
     def _last_step(self) -> int:
-        """The last step any rank finished: from the heartbeats (every few seconds, so
-        also between reports), never less than the last report's or the checkpoint's."""
-        # never less than the checkpoint the group started from (a resumed fit reports
-        # nothing before its first window)
-        reported = max(self.metrics.last_step() or 0,
-                       checkpoint_step(self.metrics.last_checkpoint_name() or self.resumed_from))
+        """The last step any rank of the failed group finished, as far as this group told:
+        its heartbeats (every few seconds, so also between reports), its last report, and
+        never less than the checkpoint it started from. An earlier group's steps never
+        count (a group restarted from scratch redoes them)."""
+        reported = max(self.metrics.group_step() or 0, self._start_step)
         if self.watch is None:
             return reported
         try:
             import ray
 
-            return max(reported, ray.get(self.watch.last_step.remote(), timeout=5))
+            return max(reported, ray.get(self.watch.last_step.remote(self._processes), timeout=5))
         except Exception:  # the watch is the driver's: without it, the reports say enough
             return reported

@@ -46,16 +46,24 @@ def test_each_failure_moment_is_one_event_one_line_and_the_weights_of_a_run_that
     assert second.epochs_completed == 3 and second.resumed_from.endswith("/faults/step-00000020")
 
     events = second.events
-    assert [(e["type"], e["rank"], e["node"], e["from_checkpoint"], e["restarted"]) for e in events] == [
+    told = [(e["type"], e["rank"], e["node"], e["from_checkpoint"], e["restarted"], e["step"], e["cause"])
+            for e in events]
+    # In step 20's checkpoint, step 10's (written asynchronously) may not have reached Ray
+    # Train yet on a loaded machine: then it was never committed, the new group starts
+    # from scratch, and the event must say so. Either way the event tells what happened.
+    third = events[2]["from_checkpoint"] if len(events) == 4 else None
+    assert third in (None, "step-00000010"), told
+    assert [t[:5] for t in told] == [
         ("failure", 1, "127.0.0.1", None, True),
         ("failure", 1, "127.0.0.1", None, True),
-        ("failure", 0, "127.0.0.1", "step-00000010", True),
+        ("failure", 0, "127.0.0.1", third, True),
         ("failure", 1, "127.0.0.1", "step-00000020", True),
-    ], events
-    # the last step any rank finished, as far as the run knew (the reports; the hang
-    # watch's heartbeats between them), and the steps the new group redid from there
-    since = (0, 0, 10, 20)
-    bounds = ((0, 0), (5, 6), (15, 20), (20, 22))
+    ], told
+    # the last step any rank of the failed group finished, as far as the run knew (its
+    # reports, which go out in batches, and its heartbeats between them: never more than
+    # the truth, never an earlier group's), and the steps the new group redid from there
+    since = (0, 0, 10 if third else 0, 20)
+    bounds = ((0, 0), (0, 6), (10 if third else 0, 20), (20, 22))
     for e, start, (low, high) in zip(events, since, bounds):
         assert low <= e["step"] <= high and e["steps_lost"] == e["step"] - start, e
         assert "was lost (its process" in e["cause"] and "--max-failures" in e["cause"], e

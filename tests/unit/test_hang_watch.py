@@ -182,3 +182,11 @@ def test_on_nccl_rays_detector_only_observes_so_one_watch_owns_the_kill():
     env = nccl_hang_env("nccl", 120.0)
     assert env["RAY_TRAIN_NCCL_RAS_ACTION"] == "observe" and env["RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S"] == "120.0"
     assert nccl_hang_env("gloo", 120.0) == {} and nccl_hang_env("nccl", 0) == {}
+
+
+def test_the_last_step_counts_only_the_processes_asked_about():
+    w = WatchState(timeout_s=10)
+    w.beat(0, 100, "node-a", "ip", 14, 14, False, now=0)
+    w.beat(1, 101, "node-a", "ip", 13, 13, False, now=0)
+    assert w.last_step() == 14 and w.last_step([("node-a", 101)]) == 13
+    assert w.last_step([("node-a", 200), ("node-b", 100)]) == 0  # a new group that has not beaten yet

@@ -71,9 +71,9 @@ def test_a_rank_lost_before_any_report_is_recorded_with_its_node_and_scratch(tmp
 
 def test_a_resumed_fit_restarts_from_the_checkpoint_it_began_with(tmp_path):
     metrics = fit_metrics(tmp_path)
-    metrics._last_step = 27  # this fit reported step 27, and saved no checkpoint yet
     recorder = RestartRecorder(metrics, resumed_from="step-00000020")
     recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.2"]))
+    metrics._group_step = 27  # this group reported step 27, and saved no checkpoint yet
     recorder.after_worker_group_poll_status(dead(0))
     recorder.before_controller_execute_failure_decision(FailureDecision.RETRY)
     [event] = progress(tmp_path)["events"]
