@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mlflow_server import free_port
+from servers import free_port
 
 from ray_ddp.errors import ConfigError
 from ray_ddp.observe.mlflow_tracking import MlflowConfig, finish_tracking, log_events, log_window, open_tracking
