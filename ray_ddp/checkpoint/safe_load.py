@@ -11,6 +11,7 @@ import io
 import os
 import pickle
 import re
+from collections.abc import Mapping
 from typing import Any, NoReturn, Optional
 import torch
 from ray_ddp.errors import CheckpointError
@@ -86,6 +87,30 @@ def refuse(what: str, name: str, admitted: str) -> NoReturn:
     ) from None
 
 
+def set_at_path(root: dict, path: tuple, value: Any) -> None:
+    """Put ``value`` at ``path`` in the nested ``root`` (a str key names a dict's entry,
+    an int a list's), making the containers missing on the way and growing a list with
+    None: where DCP's load planner puts an entry of a state dict it flattened
+    (``planner.mappings[fqn]``), as DCP's own planner does."""
+    node: Any = root
+    for key, below in zip(path, path[1:]):
+        empty: Any = {} if type(below) is str else []
+        if isinstance(node, Mapping):
+            node = node.setdefault(key, empty)
+        else:
+            _grow(node, key)
+            if node[key] is None:
+                node[key] = empty
+            node = node[key]
+    if isinstance(node, list):
+        _grow(node, path[-1])
+    node[path[-1]] = value
+
+
+def _grow(items: list, index: int) -> None:
+    items.extend([None] * (index + 1 - len(items)))
+
+
 @functools.cache
 def weights_only_dcp() -> tuple[type, type]:
     """DCP's file reader and load planner, less the unpickling: the reader reads
@@ -94,7 +119,6 @@ def weights_only_dcp() -> tuple[type, type]:
     uses ``weights_only=False``). Built on first use: importing DCP takes the CLI most
     of a second."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint._traverse import set_element
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class Reader(dcp.FileSystemReader):
@@ -125,7 +149,7 @@ def weights_only_dcp() -> tuple[type, type]:
             fqn = read_item.dest_index.fqn
             obj = load_weights_only(value, f"entry {fqn} of the shards in {self.directory}")
             if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], obj)
+                set_at_path(self.original_state_dict, self.mappings[fqn], obj)
             else:
                 self.state_dict[fqn] = obj
 

@@ -119,10 +119,10 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         return  # Ray Client: its own connection handling
     gcs = address
     if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
+        from ray_ddp.cluster.ray_private import auto_address
 
         try:
-            gcs = canonicalize_bootstrap_address("auto")
+            gcs = auto_address()
         except (ConnectionError, RuntimeError, ValueError):
             gcs = None
         if not gcs:
@@ -144,15 +144,11 @@ def refresh_elastic_view() -> None:
     AutoscalingCoordinator (a cluster-wide actor) reserved for it, and that actor looks
     at the nodes only every 20 s: a run started right after nodes joined would start
     smaller than the cluster, and grow only at the next resize check (60 s later, with a
-    restart). Ask it to look now. Its API is internal to Ray: when it is not there, the
-    view refreshes by itself."""
-    import ray
-
+    restart). Ask it to look now. Its API is internal to Ray (cluster/ray_private.py):
+    when it is not there, the view refreshes by itself."""
     try:
-        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import \
-            get_or_create_autoscaling_coordinator
+        from ray_ddp.cluster.ray_private import refresh_autoscaling_coordinator
 
-        coordinator = get_or_create_autoscaling_coordinator()
-        ray.get(coordinator.get_reserved_resources.remote("ray_ddp", recompute=True), timeout=10)
+        refresh_autoscaling_coordinator("ray_ddp", timeout_s=10)
     except Exception:  # noqa: BLE001 - an optimisation only; Ray refreshes within 20 s anyway
         pass

@@ -5,7 +5,6 @@ the driver.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, Iterable, Optional
 from ray_ddp.errors import ConfigError
@@ -14,9 +13,6 @@ from ray_ddp.cluster.placement import PlacementConfig
 
 # ------------------------------------------------------------------------ preflight
 _HEAD_MARKER = "node:__internal_head__"
-
-
-_V1_STATUS_KEY = "__autoscaling_status"  # ray_constants.DEBUG_AUTOSCALING_STATUS
 
 
 UNLIMITED = 1 << 30
@@ -120,14 +116,13 @@ def _autoscaler_groups() -> Optional[list[tuple[dict[str, float], int]]]:
     autoscaler (a static cluster, a local Ray)."""
     # Autoscaler v2 publishes its node types to the GCS (Ray Train's own check reads the
     # same record); the v1 monitor only publishes its status, so its reach is unknown.
-    from ray._private.state import state
-    from ray.experimental.internal_kv import _internal_kv_get
+    from ray_ddp.cluster.ray_private import autoscaler_node_groups, v1_autoscaler_status
 
-    config: Any = state.get_cluster_config()
-    if config is not None and config.node_group_configs:
-        return [(dict(g.resources), int(g.max_count)) for g in config.node_group_configs]
-    status = _internal_kv_get(_V1_STATUS_KEY)
-    if status and _v1_launches_nodes(json.loads(status)):
+    groups = autoscaler_node_groups()
+    if groups is not None:
+        return groups
+    status = v1_autoscaler_status()
+    if status and _v1_launches_nodes(status):
         return []
     return None
 

@@ -19,6 +19,7 @@ left) gets the empty batch ``rows_fetcher`` makes, without the loader.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -108,8 +109,9 @@ class LoaderSource:
                                         index_map=index_map)
         direct = rows_fetcher(dataset, collate)  # empty shares (and steps past ``steps``)
         self._fetch = direct if index_map is None else (lambda idx: direct(index_map[idx]))
-        self._loader = _data_loader(dataset, self.sampler, collate, workers, pin, seed,
-                                    persistent=True, prefetch_factor=prefetch_factor)
+        self._new_loader = functools.partial(_data_loader, dataset, self.sampler, collate, workers, pin,
+                                             seed, persistent=True, prefetch_factor=prefetch_factor)
+        self._loader = self._new_loader()
         self._batches: Optional[Iterator] = None  # the loader's iteration
         self._cursor: Optional[Iterator] = None  # what it yields, in order: (epoch, step, micro)
         self._next: Optional[tuple[int, int, int]] = None
@@ -150,11 +152,11 @@ class LoaderSource:
         self._batches = iter(self._loader)
 
     def close(self) -> None:
-        """Stop the worker processes (they also stop with this process)."""
-        self._batches = self._cursor = self._next = None  # a later call begins again
-        running, self._loader._iterator = self._loader._iterator, None
-        if hasattr(running, "_shutdown_workers"):
-            running._shutdown_workers()
+        """Stop the worker processes (they also stop with this process): the loader that
+        kept them (persistent workers) is dropped, and with the last reference to its
+        iteration torch stops them; a later call begins again with a new loader."""
+        self._batches = self._cursor = self._next = None
+        self._loader = self._new_loader()
 
 
 def iteration_seed(seed: int, rank: int, epoch: int, step: int, micro: int) -> int:

@@ -96,6 +96,11 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
     # the first candidate of each searched key: the point the space's check validated
     first = {k: pick_candidates(*v)[0] for k, v in tc.search.items()}
     base = trial_config(tc, first, storage=tc.train.get("storage") or TrainConfig.storage, name=name)
+    if (base.address or "").startswith("ray://"):
+        # Ray Client runs the Tuner on the cluster: the trials' lines and Tune's record of
+        # them would stay there, and reading that record back from storage runs pickles
+        raise ConfigError(f"ray-ddp tune runs its search from this process and cannot through Ray Client "
+                          f"({base.address}); submit it as a job instead: ray job submit -- ray-ddp tune ...")
     store = open_storage(base)
     if not store.is_local:
         raise ConfigError(f"ray-ddp tune keeps its search on a local or shared path; --storage "
@@ -117,8 +122,9 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
     with attach_ray(base.address, base.verbose,
                     local_cpus=tc.concurrent * workers * (base.cpus_per_worker or 1) + 1):
         check_trials_fit(tc, workers, base.cpus_per_worker or 1, base.gpus_per_worker)
-        grid = _tuner(tc, name, store, root, echo).fit()
-        rows = collect_trials(tc, name, grid, store, root)
+        lines = trial_lines(echo, tc)
+        _tuner(tc, name, store, root, echo, lines).fit()
+        rows = collect_trials(tc, name, tune_trials(lines), store, root)
     write_results(store, root, rows)
     return rows
 
@@ -142,7 +148,7 @@ def search_name(tc: TuneConfig) -> str:
     return tc.train.get("name") or time.strftime("tune-%Y%m%d-%H%M%S")
 
 
-def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], None]):
+def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], None], lines):
     import ray.tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -165,7 +171,7 @@ def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], No
                                         max_concurrent_trials=tc.concurrent, scheduler=build_scheduler(tc),
                                         search_alg=BasicVariantGenerator(random_state=tc.seed)),
         run_config=ray.tune.RunConfig(name=TUNE_DIR, storage_path=root, verbose=0,
-                                      callbacks=[trial_lines(echo, tc)]),
+                                      callbacks=[lines]),
     )
 
 
@@ -199,13 +205,21 @@ def build_scheduler(tc: TuneConfig):
                                              grace_period=tc.grace_epochs, reduction_factor=2)
 
 
-def collect_trials(tc: TuneConfig, name: str, grid, store, root: str) -> list[dict[str, Any]]:
-    """One row per trial from Tune's record of it and its run folder, best first. A
-    trial Tune has not ended (the search was interrupted) is ``unfinished``, not stopped."""
+def tune_trials(lines) -> list:
+    """Tune's Trial objects as ``trial_lines`` got them when the search ended: their
+    status tells ASHA's stops (TERMINATED early) from an interrupted search's trials
+    (PENDING, PAUSED, RUNNING), which a Result of the grid does not."""
+    if lines.trials is None:
+        raise RuntimeError("Tune ended the search without calling on_experiment_end")
+    return lines.trials
+
+
+def collect_trials(tc: TuneConfig, name: str, trials: list, store, root: str) -> list[dict[str, Any]]:
+    """One row per trial from Tune's record of it (``tune_trials``) and its run folder,
+    best first. A trial Tune has not ended (the search was interrupted) is
+    ``unfinished``, not stopped."""
     rows = []
-    # Tune's Trial objects: their status tells ASHA's stops (TERMINATED early) from an
-    # interrupted search's trials (PENDING, PAUSED, RUNNING), which a Result does not
-    for trial in grid._experiment_analysis.trials:
+    for trial in trials:
         index = _index(trial)
         run_path = f"{root}/{trial_name(index)}"
         summary = read_json(store.fs, f"{run_path}/{SUMMARY_FILE}") or {}
@@ -284,10 +298,13 @@ _ROW_KEYS = {"trial", "val_loss", "val_accuracy", "val_perplexity", "epochs", "s
 
 def trial_lines(echo: Callable[[str], None], tc: TuneConfig):
     """Tune's callback: one line per trial as it starts, stops or ends (Tune's own table
-    is turned off). Made here, so that importing this module does not import Tune."""
+    is turned off), and Tune's trials once the search has ended (``trials``). Made here,
+    so that importing this module does not import Tune."""
     from ray.tune import Callback
 
     class _Lines(Callback):
+        trials: Optional[list] = None
+
         def on_trial_start(self, iteration, trials, trial, **info):
             echo(f"trial {_index(trial)} started: {_params(trial, tc)}")
 
@@ -300,6 +317,9 @@ def trial_lines(echo: Callable[[str], None], tc: TuneConfig):
 
         def on_trial_error(self, iteration, trials, trial, **info):
             echo(f"trial {_index(trial)} failed: {_error_line(trial)}")
+
+        def on_experiment_end(self, trials, **info):
+            self.trials = trials
 
     return _Lines()
 

@@ -282,3 +282,17 @@ def test_loader_processes_draw_differently_on_each_rank_in_each_epoch_and_after_
     finally:
         for source in ranks:
             source.close()
+
+
+def test_close_stops_the_loader_processes_and_a_later_call_begins_again():
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    src = LoaderSource(Rows(64), SEED, 0, 1, 16, 1, workers=2)
+    want = src.micro_batch(0, 1, 0)
+    assert len(set(multiprocessing.active_children()) - before) == 2
+    src.close()
+    assert not set(multiprocessing.active_children()) - before  # stopped, not left to exit
+    assert same(src.micro_batch(0, 1, 0), want)
+    src.close()
+    assert not set(multiprocessing.active_children()) - before

@@ -16,7 +16,7 @@ from ray_ddp.errors import CheckpointError
 from ray_ddp.checkpoint.verify import file_fingerprint, verify_checkpoint
 from ray_ddp.cli.main import main
 from ray_ddp.checkpoint.sharded import DCP_METADATA, ShardedCheckpointWriter, load_sharded_checkpoint
-from ray_ddp.checkpoint.safe_load import read_dcp_metadata
+from ray_ddp.checkpoint.safe_load import read_dcp_metadata, set_at_path
 
 from .test_fsdp import sharded_gpt
 
@@ -170,3 +170,16 @@ def test_a_sharded_checkpoints_shapes_come_from_its_metadata_alone(one_rank_grou
     shapes = read_model_shapes(str(folder))
     assert set(shapes) == set(whole) and all(shapes[k].shape == whole[k].shape for k in whole)
     assert all(t.device.type == "meta" for t in shapes.values())
+
+
+@pytest.mark.parametrize("root, path, want", [
+    ({}, ("a", "b"), {"a": {"b": 1}}),
+    ({}, ("a", 2), {"a": [None, None, 1]}),
+    ({"a": [None, {"x": 0}]}, ("a", 1, "y"), {"a": [None, {"x": 0, "y": 1}]}),
+    ({"a": [0]}, ("a", 2, 0), {"a": [0, None, [1]]}),
+    ({"optim": {"state": {0: {"exp_avg": 0}}}}, ("optim", "state", 0, "step"),
+     {"optim": {"state": {0: {"exp_avg": 0, "step": 1}}}}),  # an optimizer's int-keyed dict
+])
+def test_an_entry_goes_where_dcp_flattened_it_from(root, path, want):
+    set_at_path(root, path, 1)
+    assert root == want

@@ -229,3 +229,46 @@ def test_no_scheduler_runs_every_trial_to_the_end(tmp_path):
 
     tc = load(tmp_path, "model: mlp\nepochs: 4\nval-fraction: 0.2\nscheduler: none\n" + LR)
     assert build_scheduler(tc) is None
+
+
+def test_the_trials_each_row_comes_from_are_those_tune_hands_its_callback_at_the_end(tmp_path):
+    """Tune's trials reach collect_trials through the public Callback hook
+    ``on_experiment_end`` (no private attribute of the ResultGrid), and each status
+    makes its row: finished, stopped early by ASHA, failed, or unfinished."""
+    from types import SimpleNamespace
+
+    from ray.tune.callback import CallbackList
+
+    from ray_ddp.storage import resolve_storage
+    from ray_ddp.tune.search import collect_trials, trial_lines, tune_trials
+
+    tc = load(tmp_path, "model: mlp\nepochs: 4\nval-fraction: 0.2\n" + LR)
+    (tmp_path / "error.txt").write_text("Traceback ...\nValueError: bad lr\n")
+
+    def trial(k, status, epoch=None, loss=None):
+        last = {"epoch": epoch, "val_loss": loss} if epoch else {}
+        return SimpleNamespace(trial_id=f"abc_{k:05d}", status=status, last_result=last,
+                               config={"lr": 0.1 * (k + 1)}, error_file=str(tmp_path / "error.txt"))
+
+    trials = [trial(0, "TERMINATED", 4, 0.5), trial(1, "TERMINATED", 1, 2.0), trial(2, "ERROR", 2, 1.0),
+              trial(3, "PENDING")]
+    lines = trial_lines(lambda line: None, tc)
+    CallbackList([lines]).on_experiment_end(trials=trials)  # as Tune's controller calls it
+    assert tune_trials(lines) is trials
+    store = resolve_storage(str(tmp_path / "runs"))
+    rows = collect_trials(tc, "s", trials, store, store.run_path("s"))
+    got = {r["trial"]: (r["epochs"], r["stopped_early"], r["unfinished"], r["error"]) for r in rows}
+    assert got == {0: (4, False, False, None), 1: (1, True, False, None),
+                   2: (2, False, False, "ValueError: bad lr"), 3: (0, False, True, None)}
+    assert [r["trial"] for r in rows] == [0, 2, 1, 3]  # best val_loss first, none last
+
+
+def test_a_ray_client_address_is_refused_before_any_search_starts(tmp_path):
+    """Through Ray Client, Tune would run the search on the cluster and its record of the
+    trials could only be read back by unpickling what storage holds: refused in one line."""
+    from ray_ddp.tune.search import run_search
+
+    tc = load(tmp_path, BASE + LR + f"storage: {tmp_path / 'runs'}\naddress: ray://head:10001\n")
+    with pytest.raises(ConfigError, match=r"Ray Client \(ray://head:10001\).*ray job submit"):
+        run_search(tc, echo=lambda line: None)
+    assert not (tmp_path / "runs").exists()
