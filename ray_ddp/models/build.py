@@ -109,7 +109,8 @@ def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None
 
     from ray_ddp.errors import BatchError, TargetShapeError
     from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of
-    from ray_ddp.tasks.build import build_task
+    from ray_ddp.tasks.build import build_task, loss_units_of
+    from ray_ddp.tasks.own_loss import unknowable_reduction
 
     def to_meta(t):
         return torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t
@@ -126,6 +127,8 @@ def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None
         if loss_of(out) is None:
             raise ConfigError(f"model '{cfg.model}': the batch hands it labels but its output has "
                               "no loss; return one in .loss, or drop 'labels' from the batch")
+        if cfg.loss is None and loss_units_of(model) is None and labels_of(x).dim() > 1:
+            raise ConfigError(unknowable_reduction(f"model '{cfg.model}'"))
         return  # the model's own loss pairs them
     logits = logits_of(out)
     if cfg.loss is not None or not isinstance(y, torch.Tensor):

@@ -22,7 +22,7 @@ def build_task(name: str, seq_len: int = 0, loss: Optional[Callable] = None, mod
     if loss is not None:
         return UserLossTask(loss, task)
     if model_loss:
-        return ModelLossTask(task, loss_units_of(model))
+        return ModelLossTask(task, loss_units_of(model), f"model {type(model).__name__}")
     return task
 
 
@@ -41,7 +41,7 @@ _ROW_HEADS = ("ForSequenceClassification", "ForImageClassification", "ForVideoCl
 def loss_units_of(model: Any) -> Optional[str]:
     """What the model's own loss is a mean over: ``shifted`` (label tokens after the first
     of each row), ``tokens`` (label tokens), ``rows``, or None: not known from the model,
-    so the labels decide (one per row: rows; a sequence each: tokens)."""
+    so the labels decide (one per row: rows; a sequence each: refused, own_loss.py)."""
     config = getattr(model, "config", None)
     kind = getattr(model, "loss_type", None) or _head_of(type(model).__name__)
     if getattr(config, "is_encoder_decoder", False) and kind in _SHIFTED_HEADS + (None,):

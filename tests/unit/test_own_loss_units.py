@@ -67,6 +67,47 @@ def test_a_pretrained_model_that_names_no_loss_type_is_weighted_by_its_labels_sh
     assert task.count_units(one_row, one_row["labels"]) == 1.0  # a row, never 0 "shifted tokens"
 
 
+class SequenceModel(transformers.PreTrainedModel):
+    """A user's own, no head in its name, no loss_type, and a label per token: is its loss
+    a mean over every label token, or over those after each row's first (shifted)?"""
+    config_class = transformers.PretrainedConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = torch.nn.Embedding(VOCAB, VOCAB)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.embed(input_ids)
+        return {"logits": logits, "loss": torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))}
+
+
+def test_a_model_whose_reduction_over_sequence_labels_cannot_be_known_is_refused_in_one_line():
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.errors import BatchError, ConfigError
+    from ray_ddp.models.build import check_output_shape
+
+    model = SequenceModel(transformers.PretrainedConfig())
+    ids = torch.randint(1, VOCAB, (2, 8))
+    x = {"input_ids": ids, "labels": ids}
+    task = build_task("lm", 8, model=model, model_loss=True)
+    with pytest.raises(BatchError, match=r"model SequenceModel .* cannot be known.*loss_type.*--loss"):
+        task.count_units(x, ids)
+    # on the driver, before any worker starts: the model built on the meta device, run on
+    # the data's first batch
+    with torch.device("meta"):
+        meta_model = SequenceModel(transformers.PretrainedConfig())
+    with pytest.raises(ConfigError, match=r"model 'user:seq' .*loss_type.*--loss") as info:
+        check_output_shape(TrainConfig(model="user:seq", task="lm", seq_len=8), meta_model, (x, ids))
+    assert "\n" not in str(info.value)
+    # the ways out: say what it shifts, or compute the loss yourself
+    check_output_shape(TrainConfig(model="user:seq", task="lm", seq_len=8, loss="m:f"), meta_model, (x, ids))
+    for m in (model, meta_model):
+        m.loss_type = "ForCausalLM"
+    assert build_task("lm", 8, model=model, model_loss=True).count_units(x, ids) == 2 * 7
+    check_output_shape(TrainConfig(model="user:seq", task="lm", seq_len=8), meta_model, (x, ids))
+
+
 def test_a_micro_batch_with_no_label_to_learn_from_adds_nothing_and_no_nan():
     model = tiny("gpt2")
     task = build_task("lm", 8, model=model, model_loss=True)
