@@ -1,6 +1,7 @@
 """What FSDP shards as one unit each: the classes ``--fsdp-wrap`` names, the units a model
-declares (``fsdp_units()``: the gpt's blocks), or the root's children that own their
-parameters. Walks modules only (no process group), so the driver checks it on the meta
+declares (``fsdp_units()``: the gpt's blocks), the blocks a Hugging Face model names in
+``_no_split_modules`` (GPT2Block, LlamaDecoderLayer, T5Block: what transformers itself
+keeps whole when it splits a model), or the root's children that own their parameters. Walks modules only (no process group), so the driver checks it on the meta
 device before Ray starts, and workers shard by it."""
 
 from __future__ import annotations
@@ -44,25 +45,40 @@ def _matches(module: nn.Module, classes: list) -> bool:
 def shard_units(model: nn.Module, cfg: TrainConfig) -> list[nn.Module]:
     """The modules sharded as one unit each, before the root, in the model's order."""
     if cfg.fsdp_wrap is not None:
-        classes = wrap_classes(cfg.fsdp_wrap)
-        # outermost matches only (modules() walks parents first): a unit inside another
-        # unit would shard twice
-        units: list[nn.Module] = []
-        inside: set[int] = set()
-        for module in model.modules():
-            if module is not model and id(module) not in inside and _matches(module, classes):
-                units.append(module)
-                inside.update(id(m) for m in module.modules())
-        return units
+        return _outermost(model, wrap_classes(cfg.fsdp_wrap))
     declared = getattr(model, "fsdp_units", None)  # a model that names its own (the gpt's blocks)
     if callable(declared):
         return list(declared())
+    blocks = getattr(model, "_no_split_modules", None)  # a Hugging Face model's blocks
+    if blocks:
+        # a block holding a weight tied to one outside it (an embedding shared with the
+        # head) stays in the root: FSDP cannot shard one parameter in two units
+        units = [u for u in _outermost(model, [str(b) for b in blocks]) if _owns_alone(model, u)]
+        if units:
+            return units
     children = [c for c in model.children() if any(True for _ in c.parameters())]
-    owners: dict[int, int] = {}
-    for child in children:
-        for p in child.parameters():
-            owners[id(p)] = owners.get(id(p), 0) + 1
-    return [c for c in children if all(owners[id(p)] == 1 for p in c.parameters())]
+    return [c for c in children if _owns_alone(model, c)]
+
+
+def _outermost(model: nn.Module, classes: list) -> list[nn.Module]:
+    """The modules of ``classes``, outermost matches only (modules() walks parents first):
+    a unit inside another unit would shard twice."""
+    units: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if module is not model and id(module) not in inside and _matches(module, classes):
+            units.append(module)
+            inside.update(id(m) for m in module.modules())
+    return units
+
+
+def _owns_alone(model: nn.Module, unit: nn.Module) -> bool:
+    """Whether every parameter of ``unit`` is used by no module outside it (tied weights
+    are one Parameter held by two modules)."""
+    within = {id(m) for m in unit.modules()}
+    mine = {id(p) for p in unit.parameters()}
+    return not any(id(p) in mine for m in model.modules() if id(m) not in within
+                   for p in m.parameters(recurse=False))
 
 
 def check_fsdp_wrap(cfg: TrainConfig, model: nn.Module) -> int:

@@ -49,6 +49,30 @@ def test_default_units_are_gpt_blocks_or_the_children_that_hold_parameters():
     assert shard_units(tied, fsdp()) == [tied.norm]  # the tied pair stays with the root
 
 
+@pytest.mark.parametrize("kind, block", [("gpt2", "GPT2Block"), ("llama", "LlamaDecoderLayer"),
+                                         ("t5", "T5Block"), ("bart", "BartEncoderLayer")])
+def test_a_hugging_face_model_is_sharded_by_the_blocks_it_names_in_no_split_modules(kind, block):
+    """Before, a GPT-2 got no unit (its head's weight is tied to the embedding inside the
+    one child that holds every block) and a Llama one unit, its whole decoder: FSDP then
+    gathers the whole model at once, and peak memory is DDP's."""
+    pytest.importorskip("transformers")
+    from hf_tiny import tiny
+
+    model = tiny(kind)
+    units = shard_units(model, fsdp(model="hf:tiny"))
+    blocks = [m for m in model.modules() if type(m).__name__ in model._no_split_modules]
+    assert units == blocks and block in {type(u).__name__ for u in units}
+    # the tied embedding and head stay with the root, in no unit
+    unit_params = {id(p) for u in units for p in u.parameters()}
+    assert id(model.get_input_embeddings().weight) not in unit_params
+
+
+def test_a_named_block_that_holds_a_tied_weight_stays_in_the_root():
+    tied = Tied()
+    tied._no_split_modules = ["Embedding", "LayerNorm"]  # the embedding shares its weight with .out
+    assert shard_units(tied, fsdp()) == [tied.norm]
+
+
 def test_wrap_names_a_class_by_import_path_or_by_name_outermost_only():
     gpt = GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4)
     assert shard_units(gpt, fsdp(fsdp_wrap="ray_ddp.models.Block")) == list(gpt.blocks)
