@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 def best_checkpoint(names: list[str], evals: list[dict[str, Any]]) -> Optional[str]:
     """The checkpoint folder, among ``names``, whose validation loss was the lowest."""
+    # here, not at the top: checkpoint/format.py imports torch, and Ray Train's controller
+    # imports this module without it
     from ray_ddp.checkpoint.format import checkpoint_dir_name
 
     scored = [(r["loss"], checkpoint_dir_name(r["step"])) for r in evals

@@ -32,6 +32,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
     from ray_ddp.data.synth_files import write_synthetic
 
     paths = write_synthetic(args.out, args.rows, args.features, args.targets, args.files, args.seed,

@@ -7,7 +7,8 @@ import sys
 
 from ray_ddp.cli.common import EXIT_TRAINING_FAILED
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.driver.demos import DEMOS
+from ray_ddp.driver.demos import DEMOS, DemoFailed, run_demo
+from ray_ddp.errors import TrainingError
 
 
 def add_parser(sub) -> None:
@@ -19,9 +20,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ray_ddp.driver.demos import DemoFailed, run_demo
-    from ray_ddp.errors import TrainingError
-
     try:
         result = run_demo(args.which, workers=args.workers, storage=args.storage)
     except (TrainingError, DemoFailed) as err:

@@ -30,6 +30,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
     from ray_ddp.checkpoint.export import export_model
 
     print(export_model(args.run, args.storage, args.step, args.out, args.format).text())

@@ -7,6 +7,7 @@ import os
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.checks import check_launch
+from ray_ddp.launch.launch import launch
 
 
 def add_parser(sub) -> None:
@@ -28,8 +29,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ray_ddp.launch.launch import launch
-
     check_launch(args.script, args.max_failures, args.wait_for_resources)
     return launch([os.path.abspath(args.script), *args.script_args], args.workers,
                   args.gpus_per_worker, args.address, args.max_failures, args.wait_for_resources)

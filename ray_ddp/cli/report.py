@@ -17,6 +17,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
     from ray_ddp.observe.report import write_report
 
     summary = write_report(args.storage, args.run, args.out)

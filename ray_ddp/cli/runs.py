@@ -16,6 +16,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
     from ray_ddp.observe.runs import format_runs, list_runs, runs_as_dicts
 
     listings = list_runs(args.storage)

@@ -9,6 +9,7 @@ import sys
 
 from ray_ddp.cli.common import EXIT_TRAINING_FAILED, config_from_args, fmt
 from ray_ddp.config.flags import config_fields
+from ray_ddp.errors import TrainingError
 
 
 def add_parser(sub) -> None:
@@ -39,7 +40,8 @@ def parse_bool(text: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ray_ddp.errors import TrainingError
+    # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one
+    # runs; and at the top ``run`` would be this function's own name
     from ray_ddp.driver.run import run
 
     cfg = config_from_args(args)

@@ -8,6 +8,8 @@ import argparse
 import sys
 
 from ray_ddp.cli.common import EXIT_INTERRUPTED, EXIT_TRAINING_FAILED, fmt
+from ray_ddp.errors import TrainingError
+from ray_ddp.tune.space import load_tune_config
 
 
 def add_parser(sub) -> None:
@@ -23,9 +25,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ray_ddp.errors import TrainingError
+    # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
     from ray_ddp.tune.search import run_search, search_name
-    from ray_ddp.tune.space import load_tune_config
 
     tc = load_tune_config(args.config, {"trials": args.trials, "concurrent": args.concurrent,
                                         "storage": args.storage, "name": args.name})

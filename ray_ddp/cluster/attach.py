@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 from ray_ddp.errors import ConfigError
 
+# cluster/ray_private.py is imported in the functions that call it, not at the top: it
+# imports Ray, and this module is imported before Ray is needed (the CLI, ray_ddp.spawn).
+
 
 @dataclass(frozen=True)
 class ClusterConfig:

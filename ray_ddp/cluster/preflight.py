@@ -116,6 +116,8 @@ def _autoscaler_groups() -> Optional[list[tuple[dict[str, float], int]]]:
     autoscaler (a static cluster, a local Ray)."""
     # Autoscaler v2 publishes its node types to the GCS (Ray Train's own check reads the
     # same record); the v1 monitor only publishes its status, so its reach is unknown.
+    # here, not at the top: ray_private.py imports Ray, and this module is imported before Ray
+    # is needed (the CLI, ray_ddp.spawn)
     from ray_ddp.cluster.ray_private import autoscaler_node_groups, v1_autoscaler_status
 
     groups = autoscaler_node_groups()

@@ -224,6 +224,8 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
 
 def _check_ray_data(cfg: TrainConfig) -> None:
     """--ray-data reads parquet: a path, not synthetic rows, text or a Dataset."""
+    # here, not at the top: data/text.py imports torch, and config/ never does (TrainConfig is imported
+    # by the CLI and unpickled by Ray Train's controller)
     from ray_ddp.data.text import is_text
 
     for path, flag in ((cfg.data, "--data"), (cfg.val_data, "--val-data")):

@@ -19,8 +19,13 @@ import torch
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.data.sources import IndexedSource, StreamSource, part_bounds, tensor_fetcher
 from ray_ddp.data.synth import SyntheticSource, teacher_weights
-from ray_ddp.data.user import rows_fetcher
+from ray_ddp.data.user import load_user_dataset, rows_fetcher
 from ray_ddp.config.callables import load_callable
+from ray_ddp.data.loader import LoaderSource, default_loader_workers, loader_val_batches
+from ray_ddp.data.ray_data import RayDataSource, RayValSet
+from ray_ddp.data.table_stats import inspect_table
+from ray_ddp.data.tables import list_row_groups, load_table, row_group_reader
+from ray_ddp.data.text import is_text, read_text_bytes, text_windows
 
 
 @dataclass
@@ -70,9 +75,6 @@ def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     if workers and dataset is not None:
         return _loader_inputs(cfg, rank, world, device, objects, dataset, collate, workers)
     if cfg.stream:
-        from ray_ddp.data.table_stats import inspect_table
-        from ray_ddp.data.tables import list_row_groups, row_group_reader
-
         # the driver fitted the counts to the data: a worker reads footers, never a column
         # (the model's output size bounds the labels and token ids each row group is checked against)
         table = inspect_table(cfg.data, cfg.features, cfg.target, cfg.task, stream=True,
@@ -97,8 +99,6 @@ def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
 def _ray_data_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device, objects: dict[str, Any],
                      ray_data) -> tuple[Any, Any]:
     """Ray Data's shards for what comes through Ray Data, the usual inputs for the rest."""
-    from ray_ddp.data.ray_data import RayDataSource, RayValSet
-
     plain = dict(objects, **({"val_data": None} if ray_data.val_table is not None else {}))
     plain_cfg = dataclasses.replace(cfg, ray_data=False,
                                     val_data=None if ray_data.val_table is not None else cfg.val_data)
@@ -115,8 +115,6 @@ def _ray_data_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.devi
 
 def loader_workers(cfg: TrainConfig) -> int:
     """--loader-workers, or its default from the CPUs Ray reserved for the worker."""
-    from ray_ddp.data.loader import default_loader_workers
-
     return cfg.loader_workers if cfg.loader_workers is not None else \
         default_loader_workers(cfg.cpus_per_worker or 1)
 
@@ -125,8 +123,6 @@ def _loader_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device
                    dataset, collate, workers: int) -> tuple[Any, Optional[ValSet]]:
     """A user's Dataset read by DataLoader worker processes: the same rows, steps and
     validation as in the training thread (data/loader.py)."""
-    from ray_ddp.data.loader import LoaderSource, loader_val_batches
-
     pin = device.type == "cuda"
     source = functools.partial(LoaderSource, dataset, cfg.seed, rank, world, cfg.global_batch, cfg.grad_accum,
                                steps=cfg.steps_per_epoch, collate=collate, workers=workers, pin=pin)
@@ -148,8 +144,6 @@ def _user_dataset(cfg: TrainConfig, objects: dict[str, Any]):
     """The user's training Dataset (train_data= or --dataset), or None."""
     dataset = objects.get("train_data")
     if dataset is None and cfg.dataset is not None:
-        from ray_ddp.data.user import load_user_dataset
-
         dataset = load_user_dataset(cfg.dataset)
     return dataset
 
@@ -181,10 +175,6 @@ def _given_val_set(cfg: TrainConfig, objects: dict[str, Any], collate) -> Option
 
 def load_rows(cfg: TrainConfig, path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A parquet data set, or text for a language model, as (inputs, targets) in memory."""
-    from ray_ddp.data.table_stats import inspect_table
-    from ray_ddp.data.text import is_text, read_text_bytes, text_windows
-    from ray_ddp.data.tables import load_table
-
     if cfg.task == "lm" and is_text(path):
         return text_windows(read_text_bytes(path), cfg.seq_len)
     return load_table(inspect_table(path, cfg.features, cfg.target, cfg.task), cfg.seq_len)

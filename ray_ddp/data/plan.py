@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.data.ray_data import dataset_table, is_ray_dataset
+from ray_ddp.data.sources import accumulation_for, steps_for_rows
+from ray_ddp.data.table_stats import inspect_table
+from ray_ddp.data.text import is_text, text_size
+from ray_ddp.data.user import as_row, check_dataset, collate_items, is_dict_rows, load_user_dataset
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,6 @@ def check_row_targets(shape: Optional[DataShapeConfig], has_loss: bool) -> None:
 
 def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None) -> Optional[DataShapeConfig]:
     """Check the training and validation data; None for synthetic regression data."""
-    from ray_ddp.data.ray_data import is_ray_dataset
-
     shape = _inspect_training(cfg, train_data)
     if shape is None:
         if cfg.task not in (None, "regression"):
@@ -78,13 +81,9 @@ def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None)
 
 
 def _inspect_training(cfg: TrainConfig, train_data: Any) -> Optional[DataShapeConfig]:
-    from ray_ddp.data.ray_data import dataset_table, is_ray_dataset
-
     if is_ray_dataset(train_data):
         return _shape_of_table(cfg, dataset_table(cfg, train_data, "train_data="))
     if train_data is not None or cfg.dataset is not None:
-        from ray_ddp.data.user import check_dataset, load_user_dataset
-
         ds = check_dataset(train_data, "train_data=") if train_data is not None else load_user_dataset(cfg.dataset)
         return _dataset_shape(cfg, ds)
     if cfg.data == "synthetic":
@@ -93,9 +92,6 @@ def _inspect_training(cfg: TrainConfig, train_data: Any) -> Optional[DataShapeCo
 
 
 def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
-    from ray_ddp.data.table_stats import inspect_table
-    from ray_ddp.data.text import is_text, text_size
-
     text = is_text(path)
     task = cfg.task or ("lm" if cfg.model == "gpt" or text else None)
     if task == "lm" and text:
@@ -136,8 +132,6 @@ def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
     0-d tensor or a numpy integer) makes it classification, a sequence of integers lm."""
     import torch
 
-    from ray_ddp.data.user import as_row, is_dict_rows
-
     dict_rows = is_dict_rows(ds)
     if dict_rows:  # the row is the input; its labels, if any, the target
         x = as_row(ds[0])
@@ -176,8 +170,6 @@ def _as_tensor(value: Any):
 def _example_batch(ds) -> Any:
     """Two copies of the first item, batched as the workers batch them: what the driver
     runs through the model on the meta device to check the output against the target."""
-    from ray_ddp.data.user import collate_items
-
     try:
         return collate_items([ds[0], ds[0]])
     except (TypeError, RuntimeError, ValueError):  # a custom item a --collate is for
@@ -186,15 +178,11 @@ def _example_batch(ds) -> Any:
 
 def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> tuple[int, Any]:
     """The validation rows, and their checked columns where a table holds them."""
-    from ray_ddp.data.ray_data import dataset_table, is_ray_dataset
-
     if is_ray_dataset(val_data):
         val = _shape_of_table(cfg, dataset_table(dataclasses.replace(cfg, task=shape.task), val_data, "val_data="))
         _check_val_matches(val, shape, "val_data=")
         return val.rows, val.table
     if val_data is not None:
-        from ray_ddp.data.user import check_dataset
-
         return len(check_dataset(val_data, "val_data=")), None
     if cfg.val_data is not None:
         val = _table_shape(dataclasses.replace(cfg, task=shape.task), cfg.val_data)
@@ -229,8 +217,6 @@ def fit_to_world(cfg: TrainConfig, world_size: int) -> TrainConfig:
     """On a worker, the config for the world size Ray gave it: accumulation steps such
     that each micro-batch holds at most --batch-size rows of the run's fixed global batch
     (a config that names none has this world x batch-size x grad-accum)."""
-    from ray_ddp.data.sources import accumulation_for
-
     if cfg.global_batch is None:
         return dataclasses.replace(cfg, global_batch=world_size * cfg.batch_size * cfg.grad_accum)
     return dataclasses.replace(cfg, grad_accum=accumulation_for(cfg.global_batch, world_size,
@@ -241,8 +227,6 @@ def fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig]) -> TrainConf
     """The config with what the data decides: the task, the model's sizes, and the steps
     per epoch (one pass over the training rows in global batches: ``cfg.global_batch``
     must be set, and the steps do not depend on the world size)."""
-    from ray_ddp.data.sources import steps_for_rows
-
     if shape is None:
         return dataclasses.replace(cfg, task=cfg.task or "regression")
     rows = shape.rows - (shape.val_rows if cfg.val_fraction else 0)

@@ -23,7 +23,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from ray_ddp.data.table_stats import TableConfig
+from ray_ddp.data.table_stats import TableConfig, _pick, _width
+from ray_ddp.errors import ConfigError
+from ray_ddp.storage import resolve_storage
 
 TRAIN, VAL = "train", "val"
 
@@ -74,9 +76,6 @@ def dataset_table(cfg, ds, where: str) -> TableConfig:
     (``ds.count()``: from parquet metadata where the pipeline keeps its rows, else by
     running it once), and for classification the labels' maximum (one pass)."""
     import pyarrow as pa
-
-    from ray_ddp.data.table_stats import _pick, _width
-    from ray_ddp.errors import ConfigError
 
     quiet_ray_data(cfg.verbose)
     schema = ds.schema()
@@ -157,6 +156,8 @@ def table_collate(table: TableConfig, seq_len: int = 0):
     (Ray Data hands a collate of this base class its batches as pyarrow tables)."""
     from ray.data.collate_fn import ArrowBatchCollateFn
 
+    # here, not at the top: data/tables.py imports torch, and Ray Train's controller imports this module
+    # (to unpickle the plan's RayDataConfig) without torch
     from ray_ddp.data.tables import _to_tensors
 
     class TableCollate(ArrowBatchCollateFn):
@@ -212,8 +213,6 @@ def read_parquet_dataset(path: str):
     """``--data PATH --ray-data``: the parquet set as a Ray Dataset (read lazily, in
     parallel, by Ray Data's tasks)."""
     import ray.data
-
-    from ray_ddp.storage import resolve_storage
 
     store = resolve_storage(path)
     return ray.data.read_parquet(store.path, filesystem=store.fs)

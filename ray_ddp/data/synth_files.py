@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 from ray_ddp.errors import ConfigError
+from ray_ddp.storage import resolve_storage
 
 
 def write_synthetic(out: str, rows: int, features: int, targets: int, files: int = 1,
@@ -67,8 +68,6 @@ def markov_tokens(g: torch.Generator, rows: int, length: int, vocab: int) -> tor
 
 def _write_parquet(out: str, table: pa.Table, files: int, row_group_rows: int) -> list[str]:
     import pyarrow.parquet as pq
-
-    from ray_ddp.storage import resolve_storage
 
     rows = table.num_rows
     store = resolve_storage(out)

@@ -11,6 +11,7 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.compute as pc
 from ray_ddp.errors import ConfigError
+from ray_ddp.storage import resolve_storage
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,6 @@ class TableConfig:
 
 def open_dataset(path: str):
     import pyarrow.dataset as pads
-
-    from ray_ddp.storage import resolve_storage
 
     store = resolve_storage(path)
     from pyarrow.fs import FileType

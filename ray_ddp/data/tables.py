@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import torch
 from ray_ddp.errors import ConfigError
 from ray_ddp.data.table_stats import TableConfig, open_dataset
+from ray_ddp.storage import resolve_storage
 
 
 def _columns_to_tensor(table: pa.Table, cols: tuple[str, ...]) -> torch.Tensor:
@@ -84,8 +85,6 @@ def list_row_groups(table: TableConfig) -> list[tuple[str, int, int]]:
 def row_group_reader(table: TableConfig, seq_len: int = 0):
     """read(file, row group) -> (inputs, targets) as float32 tensors, for --stream."""
     import pyarrow.parquet as pq
-
-    from ray_ddp.storage import resolve_storage
 
     fs = resolve_storage(table.path).fs
     columns = list(dict.fromkeys(table.features + table.targets))

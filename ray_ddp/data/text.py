@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import torch
 from ray_ddp.errors import ConfigError
+from ray_ddp.storage import resolve_storage
 
 
 # ------------------------------------------------------------------------------- text
 def is_text(path: str) -> bool:
     """Text data for a language model: a .txt file, or a folder of .txt files."""
     from pyarrow.fs import FileSelector, FileType
-
-    from ray_ddp.storage import resolve_storage
 
     if path.endswith(".txt"):
         return True
@@ -29,8 +28,6 @@ def is_text(path: str) -> bool:
 def _text_files(path: str):
     """(filesystem, the .txt file infos of ``path`` in name order): a file, or a folder's."""
     from pyarrow.fs import FileSelector, FileType
-
-    from ray_ddp.storage import resolve_storage
 
     store = resolve_storage(path)
     info = store.fs.get_file_info(store.path)

@@ -23,6 +23,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.summary import RunSummary
 from ray_ddp.driver.run import run
 from ray_ddp.storage import METRICS_FILE, read_table, resolve_storage
+from ray_ddp.models.builtin import ToyModel
 
 
 DEMOS = ("basic", "checkpoint", "model-parallel")
@@ -82,8 +83,6 @@ def _check_identical_weights(summary: RunSummary) -> str:
 
 
 def _check_loaded_checkpoint(summary: RunSummary) -> str:
-    from ray_ddp.models.builtin import ToyModel
-
     if summary.resumed_from is None:
         raise DemoFailed("the second run did not resume from the first run's checkpoint")
     store = resolve_storage(summary.resumed_from)

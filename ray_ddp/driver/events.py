@@ -79,6 +79,8 @@ def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) ->
     events = []
     for r in rows:
         if r["rank"] == 0 and r.get("preempted_node"):
+            # here, not at the top: checkpoint/format.py imports torch, and Ray Train's controller
+            # imports this module without it
             from ray_ddp.checkpoint.format import checkpoint_dir_name
 
             events.append(Event("preemption", r["time"], int(r["step"]), None, r["preempted_node"],

@@ -20,6 +20,7 @@ from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_jso
 from ray_ddp.driver.start import StartState, planned_steps
 from ray_ddp.driver.status import read_events, write_status
 from ray_ddp.errors import TrainingError
+from ray_ddp.observe.summarize import world_stretches
 
 
 def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
@@ -82,7 +83,6 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
         raise
     finally:
         monitor.close()
-    from ray_ddp.observe.summarize import world_stretches
 
     table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
     stretches = world_stretches(table) if table is not None and table.num_rows else None
@@ -145,6 +145,8 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    # here, not at the top: these import Ray Train, which the driver loads only to fit (`ray-ddp --help`
+    # and the checks before Ray starts import this module)
     from ray_ddp.worker.loop import train_loop_per_worker
     from ray_ddp.observe.callback import MetricsCallback
     from ray_ddp.observe.restarts import RestartRecorder

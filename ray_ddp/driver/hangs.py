@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 from ray_ddp.driver.events import Event
+from ray_ddp.worker.heartbeat import py_spy_dump
 
 # Seconds the watch waits for the ranks' own stacks before asking py-spy on their node.
 STACKS_WAIT_S = 10.0
@@ -242,8 +243,6 @@ def _on_node(node_id: str):
 
 
 def _dump_on_node(rank: dict[str, Any]):
-    from ray_ddp.worker.heartbeat import py_spy_dump
-
     return _on_node(rank["node"])(py_spy_dump).remote(rank["pid"])
 
 

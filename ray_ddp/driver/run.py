@@ -28,6 +28,7 @@ from ray_ddp.driver.start import StartState, find_start
 from ray_ddp.driver.status import read_events
 from ray_ddp.driver.summary import RunSummary, write_summary
 from ray_ddp.driver.tracking import check_tracking, close_run_tracking, open_run_tracking
+from ray_ddp.data.sources import accumulation_for
 
 
 def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = None,
@@ -160,8 +161,6 @@ def announce(cfg: TrainConfig, placement: PlacementConfig, start: StartState, st
 
 def describe_global_batch(cfg: TrainConfig, placement: PlacementConfig) -> str:
     """The global batch, and how it is cut (for an elastic run: at its largest world size)."""
-    from ray_ddp.data.sources import accumulation_for
-
     accum = accumulation_for(cfg.global_batch, placement.workers, cfg.batch_size)
     if placement.elastic:
         return (f"{cfg.global_batch}, fixed whatever the world size (micro-batches of at most "

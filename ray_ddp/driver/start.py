@@ -12,6 +12,7 @@ from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.status import new_run_id, read_run_id
 from ray_ddp.storage import METRICS_FILE, StorageConfig, read_table
+from ray_ddp.observe.summarize import early_stop_row
 
 
 # Fields of the checkpoint's config that must match for a resume to load the weights.
@@ -63,7 +64,6 @@ def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, 
     saved = meta.get("config", {}).get("early_stop")
     if not saved or meta.get("epoch_step", 0) or (cfg.early_stop is not None and cfg.early_stop > saved):
         return False
-    from ray_ddp.observe.summarize import early_stop_row
 
     table = read_table(store.fs, f"{store.run_path(cfg.name)}/{METRICS_FILE}")
     return early_stop_row(table, meta["step"]) is not None

@@ -12,6 +12,8 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROFILE_FOLDER, SUMMARY_FILE, StorageConfig, read_table, write_json
 from ray_ddp.driver.status import read_events
+from ray_ddp.checkpoint.retention import best_checkpoint
+from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
 
 
 @dataclass
@@ -101,8 +103,6 @@ def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs,
     if uri_of is not None:
         from pyarrow.fs import FileSelector, FileType
 
-        from ray_ddp.checkpoint.retention import best_checkpoint
-
         names = [i.base_name for i in fs.get_file_info(FileSelector(run_path))
                  if i.type == FileType.Directory and i.base_name.startswith("step-")]
         best = best_checkpoint(names, evals)
@@ -122,8 +122,6 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
                    resumed_from: Optional[str], started: float,
                    marks: Optional[dict[str, float]] = None,
                    resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
-    from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
-
     run_path = store.run_path(cfg.name)
     scan = find_latest_checkpoint(store.fs, run_path)
     meta = scan.meta or {}

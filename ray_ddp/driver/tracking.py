@@ -11,14 +11,14 @@ from typing import Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.storage import PROGRESS_FILE, StorageConfig, read_json
+from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.errors import ConfigError
+from ray_ddp.observe.mlflow_tracking import INSTALL_HINT, check_server, finish_tracking, log_events, open_tracking
 
 
 def check_tracking(cfg: TrainConfig) -> None:
     """One line now, before Ray starts, if mlflow or an http server is missing."""
     if cfg.mlflow:
-        from ray_ddp.observe.mlflow_tracking import INSTALL_HINT, check_server
-        from ray_ddp.errors import ConfigError
-
         try:
             import mlflow  # noqa: F401
         except ImportError:
@@ -32,7 +32,6 @@ def open_run_tracking(cfg: TrainConfig, identity: str, location: str):
     without --mlflow."""
     if not cfg.mlflow:
         return None
-    from ray_ddp.observe.mlflow_tracking import open_tracking
 
     return open_tracking(cfg.mlflow, cfg.name, cfg.to_dict(), cfg.mlflow_experiment, identity=identity,
                          location=location)
@@ -45,8 +44,6 @@ def close_run_tracking(tracking, store: StorageConfig, cfg: TrainConfig, summary
     the run itself is in its folder."""
     if tracking is None:
         return
-    from ray_ddp.checkpoint.format import MODEL_FILE
-    from ray_ddp.observe.mlflow_tracking import finish_tracking, log_events
 
     run_path = store.run_path(cfg.name)
     model = None

@@ -17,6 +17,9 @@ from ray_ddp.errors import ConfigError
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.launch.env import plan_node_env
 from ray_ddp.errors import ProcessFailed
+from ray_ddp.cluster.attach import attach_ray
+from ray_ddp.cluster.preflight import describe_need, ensure_cluster_fits
+from ray_ddp.cluster.runtime_env import importable_env
 
 
 DEFAULT_WAIT_S = 900.0  # as `ray-ddp train --wait-for-resources`
@@ -114,8 +117,6 @@ def start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) ->
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from ray_ddp.cluster.preflight import describe_need
-
     bundle = placement.resources_per_worker()
     pg = placement_group([bundle] * placement.workers, strategy="PACK")
     try:
@@ -200,7 +201,6 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, gpus_per_pr
     """
     if not join:
         raise ValueError("ray_ddp.spawn supports join=True only (it waits for every process)")
-    from ray_ddp.cluster.runtime_env import importable_env
 
     placement = plan_processes(nprocs, gpus_per_process)
     return run_with_restarts(placement, address, max_failures, wait_for_resources,
@@ -221,9 +221,6 @@ def plan_processes(nprocs: int, gpus_per_process: int) -> PlacementConfig:
 def run_with_restarts(placement: PlacementConfig, address: Optional[str], max_failures: int,
                        wait_s: float, run_group: Callable[[GroupState], list],
                        runtime_env: Optional[dict] = None) -> list[Any]:
-    from ray_ddp.cluster.attach import attach_ray
-    from ray_ddp.cluster.preflight import ensure_cluster_fits
-
     with attach_ray(address, verbose=False, local_cpus=placement.workers):
         ensure_cluster_fits(placement, wait_s=wait_s, echo=lambda line: print(line, file=sys.stderr))
         attempt = 0

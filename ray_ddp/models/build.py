@@ -9,11 +9,15 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 from ray_ddp.config.callables import load_callable
-from ray_ddp.errors import ConfigError
+from ray_ddp.errors import BatchError, ConfigError, TargetShapeError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.activation import apply_activation_checkpointing, check_activation_checkpointing
 from ray_ddp.models.hf import build_hf_model, check_hf_folder, is_hf_model
 from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
+from ray_ddp.models.init import check_init_weights, read_init_weights
+from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of
+from ray_ddp.tasks.build import build_task, loss_units_of
+from ray_ddp.tasks.own_loss import unknowable_reduction
 
 
 def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
@@ -90,8 +94,6 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None,
 def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
     """``--init-from``'s weights against the model's keys and shapes (on the meta device),
     in one line if they do not fit. Runs on the driver."""
-    from ray_ddp.models.init import check_init_weights, read_init_weights
-
     meta = torch.device("meta")
     if isinstance(given, nn.Module):
         model = given
@@ -106,11 +108,6 @@ def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None
     pairs with the target, so a shape mismatch is one line before any worker starts. A
     model that cannot run on the meta device is checked at its first step instead."""
     from torch.utils._pytree import tree_map
-
-    from ray_ddp.errors import BatchError, TargetShapeError
-    from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of
-    from ray_ddp.tasks.build import build_task, loss_units_of
-    from ray_ddp.tasks.own_loss import unknowable_reduction
 
     def to_meta(t):
         return torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t

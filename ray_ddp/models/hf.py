@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ray_ddp.errors import ConfigError
+from ray_ddp.storage import resolve_storage
 
 PREFIX = "hf:"
 
@@ -40,8 +41,6 @@ def local_folder(path: str) -> Iterator[str]:
         yield os.path.abspath(os.path.expanduser(path))
         return
     import pyarrow.fs as pafs
-
-    from ray_ddp.storage import resolve_storage
 
     store = resolve_storage(path)
     tmp = tempfile.mkdtemp(prefix="ray_ddp_hf_")

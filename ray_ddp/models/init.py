@@ -15,6 +15,7 @@ from torch import nn
 
 from ray_ddp.errors import ConfigError
 from ray_ddp.models.hf import local_folder
+from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, read_model_shapes, read_model_state
 
 _FILES = ("model.pt", "model.safetensors", "pytorch_model.bin")
 
@@ -33,8 +34,6 @@ def read_init_weights(path: str, shapes_only: bool = False) -> dict[str, torch.T
 
 
 def _read_folder(folder: str, given: str, shapes_only: bool = False) -> dict[str, torch.Tensor]:
-    from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, read_model_shapes, read_model_state
-
     if is_sharded_checkpoint(folder) and not os.path.isfile(os.path.join(folder, "model.pt")):
         return read_model_shapes(folder) if shapes_only else read_model_state(folder)
     for name in _FILES:

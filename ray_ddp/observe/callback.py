@@ -18,6 +18,7 @@ from ray_ddp.observe.schema import COLUMNS, EVAL_SCHEMA, SCHEMA, eval_row, unpac
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report
 from ray_ddp.observe.tensorboard import write_tensorboard_rows
+from ray_ddp.observe.mlflow_tracking import log_window
 
 
 class MetricsCallback(UserCallback):
@@ -165,7 +166,6 @@ class MetricsCallback(UserCallback):
         step = int(window[0]["step"])
         if step <= self.tracking.logged_until:  # redone after a restart, or logged by an earlier command
             return
-        from ray_ddp.observe.mlflow_tracking import log_window
 
         report = summarize_report(window, self.epochs, self.total_steps, checkpoint=None)
         metrics = {k: report.get(k) for k in ("loss", "samples_per_s", "accuracy", "perplexity", "val_loss",

@@ -10,7 +10,8 @@ from statistics import median
 from typing import Optional
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import where_restarted
-from ray_ddp.storage import EVAL_FILE, METRICS_FILE, StorageConfig, read_table, resolve_storage
+from ray_ddp.storage import EVAL_FILE, METRICS_FILE, STATUS_FILE, StorageConfig, read_json, read_table, resolve_storage
+from ray_ddp.observe.schema import rank_mean
 
 
 # ----------------------------------------------------------------------------- report
@@ -70,8 +71,6 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
             f.write(buf.getvalue())
         files.append(out_uri(filename))
 
-    from ray_ddp.observe.schema import rank_mean
-
     at_step = [[r for r in rows if r["step"] == s] for s in steps]
     # a rank with no rows in a window has a NaN loss: it takes no part in the band either
     losses = [[r["loss"] for r in v if r["loss"] == r["loss"]] or [float("nan")] for v in at_step]
@@ -122,8 +121,6 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
 
 def _events_of(store: StorageConfig, name: str) -> list[dict]:
     """The run's events (status.json): lost workers, preemptions, resizes."""
-    from ray_ddp.storage import STATUS_FILE, read_json
-
     try:
         return (read_json(store.fs, f"{store.run_path(name)}/{STATUS_FILE}") or {}).get("events") or []
     except ValueError:

@@ -35,6 +35,8 @@ def world_stretches(table: pa.Table) -> list[dict[str, int]]:
 
 def preemption_checkpoints(table: pa.Table) -> list[dict[str, Any]]:
     """Every checkpoint a preemption notice caused, from the metrics table (rank 0's rows)."""
+    # here, not at the top: checkpoint/format.py imports torch, and Ray Train's controller
+    # imports this module without it
     from ray_ddp.checkpoint.format import checkpoint_dir_name
 
     return [describe_preemption(r, checkpoint_dir_name(r["step"])) for r in table.to_pylist()

@@ -18,9 +18,13 @@ from typing import Any, Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import ConfigError
-from ray_ddp.storage import EVAL_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_table, write_json
+from ray_ddp.storage import (EVAL_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_table, resolve_storage, write_json,
+                             write_table)
 from ray_ddp.cluster.runtime_env import user_module_paths
 from ray_ddp.tune.space import TuneConfig, pick_candidates, sample_space, trial_config
+from ray_ddp.checkpoint.verify import find_latest_checkpoint
+from ray_ddp.cluster.attach import attach_ray
+from ray_ddp.driver.run import open_storage, run
 
 TUNE_DIR, TRIALS_FILE, BEST_FILE = "tune", "trials.parquet", "best.json"
 POLL_S = 1.0
@@ -43,11 +47,8 @@ def train_trial(params: dict[str, Any], tc: TuneConfig, storage: str, search: st
 
     sys.path[:0] = [p for p in paths if p not in sys.path]
 
-    from ray_ddp.driver.run import run
-
     index = int(ray.tune.get_context().get_trial_id().rsplit("_", 1)[-1])
     cfg = trial_config(tc, params, storage=f"{storage.rstrip('/')}/{search}", name=trial_name(index))
-    from ray_ddp.storage import resolve_storage
 
     store = resolve_storage(cfg.storage)
     evals = f"{store.run_path(cfg.name)}/{EVAL_FILE}"
@@ -89,9 +90,6 @@ def _validations(store, path: str) -> list[dict[str, Any]]:
 def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """The whole search: the trials, then trials.parquet and best.json in
     ``<storage>/<name>/``; the trials' rows (best first)."""
-    from ray_ddp.cluster.attach import attach_ray
-    from ray_ddp.driver.run import open_storage
-
     name = search_name(tc)
     # the first candidate of each searched key: the point the space's check validated
     first = {k: pick_candidates(*v)[0] for k, v in tc.search.items()}
@@ -261,8 +259,6 @@ def max_epochs(tc: TuneConfig) -> int:
 
 
 def _latest_checkpoint(store, run_path: str) -> Optional[str]:
-    from ray_ddp.checkpoint.verify import find_latest_checkpoint
-
     latest = find_latest_checkpoint(store.fs, run_path).latest
     return f"{run_path}/{latest}" if latest else None
 
@@ -278,8 +274,6 @@ def _mark_stopped(store, run_path: str) -> None:
 
 def write_results(store, root: str, rows: list[dict[str, Any]]) -> None:
     import pyarrow as pa
-
-    from ray_ddp.storage import write_table
 
     write_table(store.fs, f"{root}/{TRIALS_FILE}", pa.Table.from_pylist(rows))
     done = [r for r in rows if r["val_loss"] is not None]  # rows come best first

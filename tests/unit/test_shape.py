@@ -1,9 +1,10 @@
 """The package's shape, kept by a test: its imports, walked with ``ast``, have no cycle,
-not even through a function-level import;
-the code that runs on workers (``worker/``, ``parallel/``) never reaches into the driver
-or the CLI; the driver, the cluster code and the CLI never import torch.distributed;
-models never import parallel/ (a model declares its FSDP units, as torchtitan's do);
-and no module is longer than a newcomer reads in one sitting."""
+not even through a function-level import, and a comment says why each function-level
+import of ray_ddp is not at the top; the code that runs on workers (``worker/``,
+``parallel/``) never reaches into the driver or the CLI; the driver, the cluster code
+and the CLI never import torch.distributed; models never import parallel/ (a model
+declares its FSDP units, as torchtitan's do); and no module is longer than a newcomer
+reads in one sitting."""
 
 from __future__ import annotations
 
@@ -116,6 +117,60 @@ def test_no_cycle_hides_behind_a_function_level_import():
     and ties the two modules together all the same: none is allowed."""
     cycle = find_cycle(import_graph(top_level_only=False))
     assert not cycle, "import cycle through a function-level import: " + " -> ".join(cycle)
+
+
+def unexplained_function_level_imports(source: str) -> list[int]:
+    """The lines of a module's function-level imports of ray_ddp (run-time ones: not under
+    ``if TYPE_CHECKING:``) that no comment explains. The comment says ``not at the top``;
+    it sits just above the import (or above the run of ray_ddp imports it belongs to), or
+    at the module's top level (column 0) for all of the module's."""
+    lines = source.splitlines()
+    if any(line.startswith("#") and "not at the top" in line for line in lines):
+        return []
+    functions = [f for f in _run_time_nodes(ast.parse(source))
+                 if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    ours = {n.lineno: n for f in functions for n in _run_time_nodes(f)
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("ray_ddp")
+            or isinstance(n, ast.Import) and any(a.name.startswith("ray_ddp") for a in n.names)}
+    first_line_of = {line: n.lineno for n in ours.values() for line in range(n.lineno, n.end_lineno + 1)}
+    bare = []
+    for lineno in sorted(ours):
+        above = lineno - 1
+        while above in first_line_of:  # up the run of ray_ddp imports
+            above = first_line_of[above] - 1
+        comment = []
+        while above >= 1 and lines[above - 1].lstrip().startswith("#"):
+            comment.append(lines[above - 1])
+            above -= 1
+        if not any("not at the top" in c for c in comment):
+            bare.append(lineno)
+    return bare
+
+
+def test_every_function_level_import_of_the_package_says_why():
+    """An import of ray_ddp inside a function is kept only for a reason (an import cycle,
+    a heavy module a light entry point must not load: the CLI's ``--help``, Ray Train's
+    controller), and a comment says which; any other belongs at the top."""
+    bare = {name: lines for name, path in modules().items()
+            if (lines := unexplained_function_level_imports(path.read_text()))}
+    assert not bare, f"function-level imports of ray_ddp with no comment saying why (module: lines): {bare}"
+
+
+def test_a_bare_function_level_import_is_caught():
+    bare = "def f():\n    from ray_ddp.errors import ConfigError\n    return ConfigError\n"
+    said = "def f():\n    # here, not at the top: a reason\n    from ray_ddp.errors import ConfigError\n"
+    said_long = ("def f():\n    # here, not at the top: a reason\n    # that takes two lines\n"
+                 "    from ray_ddp.errors import ConfigError\n    from ray_ddp.storage import read_json\n")
+    said_once = "import os\n\n# ray_ddp.errors is imported in f, not at the top: a reason\n" + bare
+    other_comment = "def f():\n    # the error type\n    from ray_ddp.errors import ConfigError\n"
+    typing_only = ("from typing import TYPE_CHECKING\n\ndef f():\n    if TYPE_CHECKING:\n"
+                   "        from ray_ddp.errors import ConfigError\n")
+    assert unexplained_function_level_imports(bare) == [2]
+    assert unexplained_function_level_imports(other_comment) == [3]
+    assert unexplained_function_level_imports(said) == []
+    assert unexplained_function_level_imports(said_long) == []
+    assert unexplained_function_level_imports(said_once) == []
+    assert unexplained_function_level_imports(typing_only) == []
 
 
 def test_worker_code_never_imports_the_driver_and_the_driver_never_torch_distributed():
