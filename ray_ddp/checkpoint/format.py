@@ -12,36 +12,14 @@ import json
 import time
 import zlib
 from dataclasses import dataclass, field
-import re
 from typing import Any, Optional, Sequence
 import pyarrow.fs as pafs
 import torch
 from torch import nn
 
-
-MODEL_FILE = "model.pt"
-
-
-STATE_FILE = "train_state.pt"
-
-
-META_FILE = "meta.json"
-
-
-HF_CONFIG_FILE = "hf_config.json"
-
-
-# Every file a checkpoint folder may hold besides meta.json: the two writers' files and
-# DCP's shards (rank r's __r_<i>.distcp, the coordinator's .metadata). A manifest is read
-# from storage, which others may write: a name outside this list (../../x, /etc/x, a
-# name with a separator) makes the checkpoint unusable before any byte is read or written.
-CHECKPOINT_FILES = re.compile(r"model\.pt|train_state\.pt|hf_config\.json|\.metadata|__\d+_\d+\.distcp")
-
-
-def unexpected_file(names) -> Optional[str]:
-    """The first name in a manifest that a checkpoint never holds, or None."""
-    return next((name for name in names if not (isinstance(name, str) and CHECKPOINT_FILES.fullmatch(name))),
-                None)
+# the names live in names.py, which imports no torch; importing them from here still works
+from ray_ddp.checkpoint.names import (CHECKPOINT_FILES, HF_CONFIG_FILE, META_FILE, MODEL_FILE, STATE_FILE,
+                                      checkpoint_dir_name, unexpected_file)
 
 
 @dataclass
@@ -55,10 +33,6 @@ class TrainState:
     epoch_step: int = 0
     # one entry per rank: {"torch": ByteTensor, "cuda": [ByteTensor per own GPU]}
     rng: list[dict[str, Any]] = field(default_factory=list)
-
-
-def checkpoint_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def capture_rng(devices: Sequence[torch.device] = ()) -> dict[str, Any]:

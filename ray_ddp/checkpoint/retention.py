@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ray_ddp.checkpoint.names import checkpoint_dir_name
+
 
 def best_checkpoint(names: list[str], evals: list[dict[str, Any]]) -> Optional[str]:
     """The checkpoint folder, among ``names``, whose validation loss was the lowest."""
-    # here, not at the top: checkpoint/format.py imports torch, and Ray Train's controller
-    # imports this module without it
-    from ray_ddp.checkpoint.format import checkpoint_dir_name
-
     scored = [(r["loss"], checkpoint_dir_name(r["step"])) for r in evals
               if checkpoint_dir_name(r["step"]) in names and r["loss"] == r["loss"]]
     return min(scored)[1] if scored else None

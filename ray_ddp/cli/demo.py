@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from ray_ddp.cli.common import EXIT_TRAINING_FAILED
+from ray_ddp.config.choices import DEMOS
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.driver.demos import DEMOS, DemoFailed, run_demo
 from ray_ddp.errors import TrainingError
 
 
@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
+    from ray_ddp.driver.demos import DemoFailed, run_demo
+
     try:
         result = run_demo(args.which, workers=args.workers, storage=args.storage)
     except (TrainingError, DemoFailed) as err:

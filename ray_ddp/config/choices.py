@@ -8,3 +8,6 @@ AMP_MODES = ("off", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine")
 BACKENDS = ("nccl", "gloo")
 STRATEGIES = ("ddp", "fsdp")
+# `ray-ddp demo`'s; here, not in driver/demos.py (which runs them): that imports torch,
+# and `ray-ddp --help` lists them
+DEMOS = ("basic", "checkpoint", "model-parallel")

@@ -25,8 +25,9 @@ from ray_ddp.driver.run import run
 from ray_ddp.storage import METRICS_FILE, read_table, resolve_storage
 from ray_ddp.models.builtin import ToyModel
 
-
-DEMOS = ("basic", "checkpoint", "model-parallel")
+# the demos' names live in config/choices.py, which `ray-ddp --help` imports without torch;
+# importing them from here still works
+from ray_ddp.config.choices import DEMOS
 
 
 class DemoFailed(RuntimeError):

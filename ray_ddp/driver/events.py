@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any, Optional
 
+from ray_ddp.checkpoint.names import checkpoint_dir_name
 from ray_ddp.driver.failures import FailureSummary
 
 KINDS = ("failure", "hang", "preemption", "resize")
@@ -79,10 +80,6 @@ def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) ->
     events = []
     for r in rows:
         if r["rank"] == 0 and r.get("preempted_node"):
-            # here, not at the top: checkpoint/format.py imports torch, and Ray Train's controller
-            # imports this module without it
-            from ray_ddp.checkpoint.format import checkpoint_dir_name
-
             events.append(Event("preemption", r["time"], int(r["step"]), None, r["preempted_node"],
                                 "the node's preemption notice", checkpoint_dir_name(int(r["step"])), 0,
                                 True).to_dict())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 import pyarrow as pa
+from ray_ddp.checkpoint.names import checkpoint_dir_name
 from ray_ddp.observe.schema import rank_mean
 
 
@@ -35,10 +36,6 @@ def world_stretches(table: pa.Table) -> list[dict[str, int]]:
 
 def preemption_checkpoints(table: pa.Table) -> list[dict[str, Any]]:
     """Every checkpoint a preemption notice caused, from the metrics table (rank 0's rows)."""
-    # here, not at the top: checkpoint/format.py imports torch, and Ray Train's controller
-    # imports this module without it
-    from ray_ddp.checkpoint.format import checkpoint_dir_name
-
     return [describe_preemption(r, checkpoint_dir_name(r["step"])) for r in table.to_pylist()
             if r["rank"] == 0 and r.get("preempted_node")]
 

@@ -1,4 +1,5 @@
-"""Every mistake in a command line: one line, exit 2, no traceback, nothing written (no Ray)."""
+"""Every mistake in a command line: one line, exit 2, no traceback, nothing written (no Ray);
+and `--help` or a mistyped flag answers without importing torch, pyarrow or Ray."""
 
 import subprocess
 import sys
@@ -129,3 +130,26 @@ def test_export_mistakes_are_one_line_and_exit_2(case, tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert fragment in err and len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing written"
+
+
+_LIGHT_SCRIPT = r"""
+import sys
+from ray_ddp.cli import main
+codes = []
+for argv in (["--help"], ["train", "--help"], ["demo", "--help"], ["export", "--help"],
+             ["train", "--no-such-flag"], ["demo", "nosuchdemo"]):
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        codes.append(exit_.code)
+print(codes, sorted(m for m in ("torch", "pyarrow", "ray") if m in sys.modules))
+"""
+
+
+def test_help_and_usage_errors_import_neither_torch_pyarrow_nor_ray(tmp_path):
+    """`ray-ddp --help` and a mistyped flag answer at once: every command's module keeps
+    its heavy imports in its ``run``, and what its parser needs lives in light modules."""
+    proc = subprocess.run([sys.executable, "-c", _LIGHT_SCRIPT], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[0, 0, 0, 0, 2, 2] []"
