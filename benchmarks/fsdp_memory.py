@@ -2,8 +2,12 @@
 
 The model is an mlp whose weights and AdamW state dominate memory (the default is 30M
 parameters: 120 MB of weights, and with gradients and AdamW's two moments about 480 MB
-of training state, which DDP holds whole on every rank and FSDP splits across them).
-Each arm is a `python -m ray_ddp train` subprocess; the rounds alternate the arms.
+of training state, which DDP holds whole on every rank and FSDP splits across them), or
+with ``--model hf-llama`` a Llama-shaped Hugging Face model (``LlamaForCausalLM`` from a
+config, random weights, saved with ``save_pretrained`` and trained as ``--model hf:DIR``
+on synthetic token rows; 161M parameters by default), which FSDP shards by the blocks it
+names in ``_no_split_modules``. Each arm is a `python -m ray_ddp train` subprocess; the
+rounds alternate the arms.
 
 - peak memory: the largest ``max_rss_mb`` of any rank in the metrics (a process's peak
   resident memory; on a GPU, use ``gpu_max_mb`` the same way: ``--gpus-per-worker 1``);
@@ -12,6 +16,7 @@ Each arm is a `python -m ray_ddp train` subprocess; the rounds alternate the arm
 
     python benchmarks/fsdp_memory.py                     # the README's figures
     python benchmarks/fsdp_memory.py --width 512 --depth 2 --rounds 1   # seconds (CI)
+    python benchmarks/fsdp_memory.py --model hf-llama --rounds 2        # needs transformers
 
 The figures also go to benchmarks/results/fsdp_memory-<machine>-<date>.json
 (--results-dir, --no-save; see benchmarks/_results.py).
@@ -30,14 +35,40 @@ import tempfile
 ARMS = ("ddp", "fsdp")
 
 
-def run_arm(strategy: str, args) -> dict:
+def write_llama(folder: str, args) -> int:
+    """A Llama-shaped model saved as a Hugging Face folder, and token rows to train it on
+    (``folder``/data); returns its parameter count."""
+    import torch
+    import transformers
+
+    from ray_ddp.data.synth_files import write_synthetic
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                                      intermediate_size=args.hidden * 11 // 4, num_attention_heads=8,
+                                      num_key_value_heads=8, max_position_embeddings=args.seq_len)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(os.path.join(folder, "model"))
+    write_synthetic(os.path.join(folder, "data"), rows=args.batch_size * args.workers * args.steps, features=1, targets=1,
+                    task="lm", seq_len=args.seq_len, vocab_size=args.vocab, seed=0)
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_args(args, folder: str) -> list[str]:
+    if args.model == "hf-llama":
+        return ["--model", f"hf:{folder}/model", "--data", f"{folder}/data", "--task", "lm",
+                "--seq-len", str(args.seq_len)]
+    return ["--model", "mlp", "--width", str(args.width), "--depth", str(args.depth), "--input-dim", "256",
+            "--output-dim", "16"]
+
+
+def run_arm(strategy: str, args, folder: str) -> dict:
     import pyarrow.parquet as pq
 
     storage = tempfile.mkdtemp(prefix="bench_fsdp_")
     steps = args.steps
-    cmd = [sys.executable, "-m", "ray_ddp", "train", "--strategy", strategy, "--model", "mlp",
-           "--width", str(args.width), "--depth", str(args.depth), "--input-dim", "256",
-           "--output-dim", "16", "--batch-size", str(args.batch_size), "--optimizer", "adamw",
+    cmd = [sys.executable, "-m", "ray_ddp", "train", "--strategy", strategy, *model_args(args, folder),
+           "--batch-size", str(args.batch_size), "--optimizer", "adamw",
            "--lr", "1e-4", "--epochs", "1", "--steps-per-epoch", str(steps),
            "--report-every", str(max(1, steps // 3)), "--workers", str(args.workers),
            "--gpus-per-worker", str(args.gpus_per_worker), "--skip-final-model",
@@ -60,9 +91,14 @@ def run_arm(strategy: str, args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("mlp", "hf-llama"), default="mlp")
+    parser.add_argument("--hidden", type=int, default=1024, help="hf-llama: hidden size")
+    parser.add_argument("--layers", type=int, default=10, help="hf-llama: decoder layers")
+    parser.add_argument("--vocab", type=int, default=16000, help="hf-llama: vocabulary")
+    parser.add_argument("--seq-len", type=int, default=32, help="hf-llama: tokens per row")
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--depth", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=None, help="per worker (mlp: 32, hf-llama: 2)")
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--gpus-per-worker", type=int, default=0)
@@ -72,14 +108,27 @@ def main(argv=None) -> int:
 
     add_result_args(parser)
     args = parser.parse_args(argv)
-    params = 256 * args.width + (args.depth - 1) * args.width ** 2 + args.width * 16
-    results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
-    for _ in range(args.rounds):
-        for arm in ARMS:
-            results[arm].append(run_arm(arm, args))
+    if args.batch_size is None:
+        args.batch_size = 2 if args.model == "hf-llama" else 32
+    folder = tempfile.mkdtemp(prefix="bench_fsdp_model_")
+    try:
+        if args.model == "hf-llama":
+            params = write_llama(folder, args)
+            what = (f"hf Llama ({args.layers} layers, hidden {args.hidden}, vocab {args.vocab}) "
+                    f"{params / 1e6:.1f}M parameters, {args.seq_len} tokens per row")
+        else:
+            params = 256 * args.width + (args.depth - 1) * args.width ** 2 + args.width * 16
+            what = f"mlp {params / 1e6:.1f}M parameters"
+        results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+        for _ in range(args.rounds):
+            for arm in ARMS:
+                results[arm].append(run_arm(arm, args, folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     where = f"{args.gpus_per_worker} GPU" if args.gpus_per_worker else "CPU"
-    print(f"mlp {params / 1e6:.1f}M parameters, AdamW, {args.workers} workers ({where}), batch "
-          f"{args.batch_size} per worker, median of {args.rounds} round(s)")
+    setup = (f"{what}, AdamW, {args.workers} workers ({where}), batch {args.batch_size} per worker, "
+             f"median of {args.rounds} round(s)")
+    print(setup)
     print("| strategy | peak memory per rank (MB) | samples/s |")
     print("|---|---|---|")
     peaks, rates = {}, {}
@@ -95,9 +144,7 @@ def main(argv=None) -> int:
                   "samples_ratio": results["fsdp"][i]["samples_per_s"] / results["ddp"][i]["samples_per_s"]}
                  for i in range(args.rounds)]
     save_result(args, "fsdp_memory", {
-        "setup": f"mlp {params / 1e6:.1f}M parameters, AdamW, {args.workers} workers ({where}), batch "
-                 f"{args.batch_size} per worker, median of {args.rounds} round(s)",
-        "parameters": params, "baseline": "ddp", "paired_rounds": args.rounds,
+        "setup": setup, "model": args.model, "parameters": params, "baseline": "ddp", "paired_rounds": args.rounds,
         "memory": "gpu_max_mb" if args.gpus_per_worker else "max_rss_mb",
         "peak_mb": peaks, "samples_per_s": rates,
         "peak_ratio": peaks["fsdp"] / peaks["ddp"], "peak_saved_mb": peaks["ddp"] - peaks["fsdp"],

@@ -10,7 +10,10 @@ side, alternating which goes first, in paired rounds:
              starts prestarts idle Python workers for the driver, as Ray does by default
              and ray-ddp no longer asks for (not in the default arms)
 Measured from launching the command: the end of rank 0's first step (both arms write
-when it ended) and the command's exit (whole-process wall time). Where ray-ddp's seconds
+when it ended), the command's exit (whole-process wall time), and the CPU seconds the
+whole machine spent meanwhile (every process: the command, Ray Train's controller, its
+workers and helper actors, Ray's own daemons; Linux's /proc/stat, so None elsewhere):
+what one run costs a test suite on a machine whose cores are all busy. Where ray-ddp's seconds
 go comes from its summary's startup_s.
 
   --cluster local     each command starts a Ray of its own (ray.init), as on a laptop
@@ -86,13 +89,27 @@ def arm_command(arm: str, storage: str, first_step_file: str) -> list[str]:
             "--steps-per-epoch", "1", "--storage", storage, "--name", "small", "--quiet", "--json"]
 
 
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (not idle, not waiting on
+    I/O), from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def run_arm(arm: str, env: dict) -> dict:
     storage = tempfile.mkdtemp(prefix=f"bench_start_{arm}_")
     first_step_file = os.path.join(storage, "first_step")
+    cpu_before = busy_cpu_s()
     launched = time.time()
     proc = subprocess.run(arm_command(arm, storage, first_step_file), env={**env, **ARM_ENV.get(arm, {})},
                           capture_output=True, text=True)
     wall = time.time() - launched
+    cpu = busy_cpu_s() - cpu_before if cpu_before is not None else None
     if proc.returncode != 0:
         shutil.rmtree(storage, ignore_errors=True)
         raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -107,7 +124,8 @@ def run_arm(arm: str, env: dict) -> dict:
         with open(first_step_file) as f:
             first_step = float(f.read())
     shutil.rmtree(storage, ignore_errors=True)
-    return {"arm": arm, "first_step_s": first_step - launched, "wall_s": wall, "startup_s": startup}
+    return {"arm": arm, "first_step_s": first_step - launched, "wall_s": wall, "cpu_s": cpu,
+            "startup_s": startup}
 
 
 def main() -> None:
@@ -147,19 +165,24 @@ def main() -> None:
                 r = {**run_arm(arm, env), "round": round_no}
                 results.append(r)
                 print(f"round {round_no + 1}/{args.rounds} {arm}: first step {r['first_step_s']:.1f} s, "
-                      f"wall {r['wall_s']:.1f} s" + (f", startup {r['startup_s']}" if r["startup_s"] else ""),
+                      f"wall {r['wall_s']:.1f} s"
+                      + (f", CPU {r['cpu_s']:.1f} s" if r.get("cpu_s") is not None else "")
+                      + (f", startup {r['startup_s']}" if r["startup_s"] else ""),
                       flush=True)
     finally:
         if cluster is not None:
             cluster.shutdown()
     print(f"\nthe smallest job (toy model, 2 CPU workers, 1 step, a rank-0 checkpoint), {args.cluster} Ray, "
           f"{os.cpu_count()} CPUs, medians of {args.rounds} paired rounds")
-    print("| arm | first step s | x ray-train (paired) | wall s | x ray-train (paired) |\n|---|---|---|---|---|")
+    fields = ("first_step_s", "wall_s") + (("cpu_s",) if all(r.get("cpu_s") is not None for r in results) else ())
+    print("| arm | first step s | x ray-train (paired) | wall s | x ray-train (paired) |"
+          + (" CPU s | x ray-train (paired) |" if "cpu_s" in fields else "")
+          + "\n|---|---|---|---|---|" + ("---|---|" if "cpu_s" in fields else ""))
     base = {r["round"]: r for r in results if r["arm"] == "ray-train"}
     for arm in arms:
         mine = [r for r in results if r["arm"] == arm]
         cells = []
-        for field in ("first_step_s", "wall_s"):
+        for field in fields:
             cells.append(f"{statistics.median(r[field] for r in mine):.1f}")
             cells.append(f"{statistics.median(r[field] / base[r['round']][field] for r in mine):.3f}")
         print(f"| {arm} | " + " | ".join(cells) + " |")
@@ -174,7 +197,7 @@ def main() -> None:
     for arm in arms:
         mine = [r for r in results if r["arm"] == arm]
         row = {"arm": arm}
-        for field in ("first_step_s", "wall_s"):
+        for field in fields:
             row[field] = statistics.median(r[field] for r in mine)
             row[f"baseline_{field}"] = statistics.median(r[field] for r in base.values())
             row[f"{field}_paired"] = statistics.median(r[field] / base[r["round"]][field] for r in mine)
@@ -182,7 +205,7 @@ def main() -> None:
     per_round = rounds_by(results)
     for entry in per_round:
         plain = entry["arms"]["ray-train"]
-        entry["paired_ratio"] = {arm: {f: r[f] / plain[f] for f in ("first_step_s", "wall_s")}
+        entry["paired_ratio"] = {arm: {f: r[f] / plain[f] for f in fields}
                                  for arm, r in entry["arms"].items()}
     save_result(args, "startup", {
         "setup": f"the smallest job (toy model, 2 CPU workers, 1 step, a rank-0 checkpoint), {args.cluster} Ray, "

@@ -111,10 +111,10 @@ BENCHES: dict[str, Bench] = {
         ("paired", "paired_ratio", "r3"), ("paired per round", "paired_ratio_all", "r3list"),
         ("wall s", "wall_s", "n1")])]),
     "fsdp_memory": Bench("python benchmarks/fsdp_memory.py --rounds 3", [Table(columns=[
-        ("parameters", "parameters", "M"), ("ddp peak MB/rank", "peak_mb.ddp", "n0"),
+        ("setup", "setup", "str"), ("parameters", "parameters", "M"), ("ddp peak MB/rank", "peak_mb.ddp", "n0"),
         ("fsdp peak MB/rank", "peak_mb.fsdp", "n0"), ("fsdp x ddp peak", "peak_ratio", "r3"),
-        ("paired peak", "paired_peak_ratio", "r3"), ("ddp samples/s", "samples_per_s.ddp", "n0"),
-        ("fsdp samples/s", "samples_per_s.fsdp", "n0"), ("paired samples/s", "paired_samples_ratio", "r3")])]),
+        ("paired peak", "paired_peak_ratio", "r3"), ("ddp samples/s", "samples_per_s.ddp", "n2"),
+        ("fsdp samples/s", "samples_per_s.fsdp", "n2"), ("paired samples/s", "paired_samples_ratio", "r3")])]),
     "activation_memory": Bench("python benchmarks/activation_memory.py --rounds 3", [Table(columns=[
         ("parameters", "parameters", "M"), ("device", "device", "str"),
         ("saved MB off", "saved_mb.off", "n1"), ("saved MB on", "saved_mb.on", "n1"),
@@ -142,7 +142,8 @@ BENCHES: dict[str, Bench] = {
         ("Ray", "cluster", "str"), ("arm", "arm", "str"), ("first step s", "first_step_s", "n1"),
         ("ray-train first step s", "baseline_first_step_s", "n1"), ("paired", "first_step_s_paired", "r3"),
         ("wall s", "wall_s", "n1"), ("ray-train wall s", "baseline_wall_s", "n1"),
-        ("paired", "wall_s_paired", "r3")])]),
+        ("paired", "wall_s_paired", "r3"), ("CPU s", "cpu_s", "n1"), ("ray-train CPU s", "baseline_cpu_s", "n1"),
+        ("paired", "cpu_s_paired", "r3")])]),
     "default_job": Bench("python benchmarks/default_job.py --rounds 3", [Table(columns=[
         ("setup", "setup", "str"), ("ray-ddp wall s", "wall_s", "n1"), ("ray-train wall s", "baseline_wall_s", "n1"),
         ("paired ray-ddp x ray-train", "paired_ratio", "r3"), ("paired per round", "paired_ratio_all", "r3list")])]),

@@ -204,7 +204,7 @@ def fake_data_throughput(mod, monkeypatch):
 
 
 def fake_fsdp_memory(mod, monkeypatch):
-    monkeypatch.setattr(mod, "run_arm", lambda strategy, args: {
+    monkeypatch.setattr(mod, "run_arm", lambda strategy, args, folder: {
         "peak_mb": 1000.0 if strategy == "ddp" else 700.0, "samples_per_s": 100.0 if strategy == "ddp" else 30.0})
     return lambda out: mod.main(["--rounds", "2", "--results-dir", out]), 2
 
