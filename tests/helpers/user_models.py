@@ -1,5 +1,7 @@
 """User-side models for tests of --model package.module:callable."""
 
+import os
+
 import torch
 from torch import nn
 
@@ -49,14 +51,50 @@ class SlowToy(torch.nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
-def _write_pid():
-    import os
+class GatedToy(SlowToy):
+    """SlowToy without the sleep, whose training forward after its first ``GATE_AFTER``
+    in a process waits until the file ``gate_path(run)`` exists: a run holds still at
+    step 16 until the test lets it go on (or stops it), however loaded the machine."""
+
+    GATE_AFTER = 15
+
+    def __init__(self):
+        super().__init__()
+        self._calls = 0
+
+    def forward(self, x):
+        import os
+        import time
+
+        import ray.train
+
+        if not self._pid_written:
+            _write_pid()
+            self._pid_written = True
+        if self.training:
+            self._calls += 1
+            gate = gate_path(ray.train.get_context().get_experiment_name())
+            while self._calls > self.GATE_AFTER and not os.path.exists(gate):
+                time.sleep(0.05)
+        return self.net2(self.relu(self.net1(x)))
+
+
+def gate_path(run: str) -> str:
+    """The file whose existence lets gated_toy's run ``run`` go past its gate."""
+    return os.path.join(_pid_folder(run), "open")
+
+
+def _pid_folder(run: str) -> str:
     import tempfile
 
+    return os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", run)
+
+
+def _write_pid():
     import ray.train
 
     ctx = ray.train.get_context()
-    folder = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", ctx.get_experiment_name())
+    folder = _pid_folder(ctx.get_experiment_name())
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"{ctx.get_world_rank()}.pid"), "w") as f:
         f.write(str(os.getpid()))
@@ -64,6 +102,10 @@ def _write_pid():
 
 def slow_toy() -> nn.Module:
     return SlowToy()
+
+
+def gated_toy() -> nn.Module:
+    return GatedToy()
 
 
 class NanAfter(torch.nn.Module):

@@ -21,6 +21,7 @@ from ray_ddp.observe.runs import list_runs
 from ray_ddp.storage import resolve_storage
 
 from ._runs import final_hashes, rows_of, small
+from user_models import gate_path
 
 pytestmark = pytest.mark.ray
 HELPERS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers")
@@ -45,12 +46,16 @@ def progress_step(run_dir) -> int:
 
 def test_interrupted_driver_then_same_command_matches(full_run, storage, ray_address):
     name = "interrupted-driver"
-    argv = [sys.executable, "-m", "ray_ddp", "train", "--model", "user_models:slow_toy",
+    # the model holds still at step 16 until its gate opens: Ctrl-C lands mid-run, before
+    # epoch 3's checkpoint, however loaded the machine
+    argv = [sys.executable, "-m", "ray_ddp", "train", "--model", "user_models:gated_toy",
             "--workers", "2", "--epochs", "3", "--steps-per-epoch", "10", "--batch-size", "16",
             "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0",  # as small()
             "--report-interval", "0",  # every window reaches progress.json: Ctrl-C lands mid-run
             "--storage", str(storage), "--name", name, "--address", ray_address]  # the shared Ray
     env = {**os.environ, "PYTHONPATH": HELPERS}
+    if os.path.exists(gate_path(name)):  # an earlier suite's
+        os.remove(gate_path(name))
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: progress_step(storage / name) >= 15 or proc.poll() is not None, what="step 15")
@@ -67,7 +72,9 @@ def test_interrupted_driver_then_same_command_matches(full_run, storage, ray_add
     listed = {r.name: r for r in list_runs(str(storage))}[name]
     assert listed.state == "interrupted" and listed.epochs_done < 3 and listed.epochs == 3
 
-    summary = run(small(storage, name, model="user_models:slow_toy"))  # the same command again
+    os.makedirs(os.path.dirname(gate_path(name)), exist_ok=True)
+    open(gate_path(name), "w").close()  # the gate open: the same command again runs to the end
+    summary = run(small(storage, name, model="user_models:gated_toy"))
     assert summary.resumed_from is not None and summary.epochs_completed == 3
     assert {r.name: r for r in list_runs(str(storage))}[name].state == "complete"
     assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
