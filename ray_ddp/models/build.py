@@ -124,7 +124,9 @@ def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None
         if loss_of(out) is None:
             raise ConfigError(f"model '{cfg.model}': the batch hands it labels but its output has "
                               "no loss; return one in .loss, or drop 'labels' from the batch")
-        if cfg.loss is None and loss_units_of(model) is None and labels_of(x).dim() > 1:
+        labels = labels_of(x)
+        if cfg.loss is None and loss_units_of(model) is None and labels.dim() > 1 \
+                and not labels.is_floating_point():
             raise ConfigError(unknowable_reduction(f"model '{cfg.model}'"))
         return  # the model's own loss pairs them
     logits = logits_of(out)

@@ -50,14 +50,15 @@ def shard_units(model: nn.Module, cfg: TrainConfig) -> list[nn.Module]:
     if callable(declared):
         return list(declared())
     blocks = getattr(model, "_no_split_modules", None)  # a Hugging Face model's blocks
+    alone = _owned_alone(model)
     if blocks:
         # a block holding a weight tied to one outside it (an embedding shared with the
         # head) stays in the root: FSDP cannot shard one parameter in two units
-        units = [u for u in _outermost(model, [str(b) for b in blocks]) if _owns_alone(model, u)]
+        units = [u for u in _outermost(model, [str(b) for b in blocks]) if alone(u)]
         if units:
             return units
     children = [c for c in model.children() if any(True for _ in c.parameters())]
-    return [c for c in children if _owns_alone(model, c)]
+    return [c for c in children if alone(c)]
 
 
 def _outermost(model: nn.Module, classes: list) -> list[nn.Module]:
@@ -72,13 +73,21 @@ def _outermost(model: nn.Module, classes: list) -> list[nn.Module]:
     return units
 
 
-def _owns_alone(model: nn.Module, unit: nn.Module) -> bool:
-    """Whether every parameter of ``unit`` is used by no module outside it (tied weights
-    are one Parameter held by two modules)."""
-    within = {id(m) for m in unit.modules()}
-    mine = {id(p) for p in unit.parameters()}
-    return not any(id(p) in mine for m in model.modules() if id(m) not in within
-                   for p in m.parameters(recurse=False))
+def _owned_alone(model: nn.Module):
+    """A test of whether a module of ``model`` is reached by one path only and every
+    parameter under it is held by no module outside that path: tied weights are one
+    Parameter held by two modules, or one module held at two places."""
+    holders = [(path, [id(p) for p in m.parameters(recurse=False)])
+               for path, m in model.named_modules(remove_duplicate=False)]
+
+    def alone(unit: nn.Module) -> bool:
+        paths = [path for path, m in model.named_modules(remove_duplicate=False) if m is unit]
+        if len(paths) != 1:
+            return False
+        mine = {id(p) for p in unit.parameters()}
+        return not any(pid in mine for path, held in holders
+                       if path != paths[0] and not path.startswith(paths[0] + ".") for pid in held)
+    return alone
 
 
 def check_fsdp_wrap(cfg: TrainConfig, model: nn.Module) -> int:

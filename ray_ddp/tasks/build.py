@@ -43,7 +43,9 @@ def loss_units_of(model: Any) -> Optional[str]:
     of each row), ``tokens`` (label tokens), ``rows``, or None: not known from the model,
     so the labels decide (one per row: rows; a sequence each: refused, own_loss.py)."""
     config = getattr(model, "config", None)
-    kind = getattr(model, "loss_type", None) or _head_of(type(model).__name__)
+    kind = getattr(model, "loss_type", None)
+    if kind not in _SHIFTED_HEADS + _TOKEN_HEADS + _ROW_HEADS:  # unset, or a loss ray_ddp does not know
+        kind = _head_of(type(model).__name__)
     if getattr(config, "is_encoder_decoder", False) and kind in _SHIFTED_HEADS + (None,):
         return "tokens"
     if kind in _SHIFTED_HEADS:

@@ -18,8 +18,8 @@ from ray_ddp.tasks.builtin import IGNORE_INDEX, Task
 def unknowable_reduction(model_name: str) -> str:
     """The one line for a model whose own loss is a mean over sequence labels that nothing
     says how to count: next-token (shifted) or as they are."""
-    return (f"{model_name} computes its own loss from a sequence of labels per row, but names no Hugging "
-            "Face head and sets no loss_type, so what that loss is a mean over (the tokens after each "
+    return (f"{model_name} computes its own loss from a sequence of class labels per row, but neither its "
+            "class name nor its loss_type names a Hugging Face head ray_ddp knows, so what that loss is a mean over (the tokens after each "
             "row's first, as a causal LM shifts them, or every token) cannot be known, and with it the "
             "weight of each micro-batch: set model.loss_type ('ForCausalLM' shifts, 'ForMaskedLM' or "
             "'ForTokenClassification' does not), or pass --loss (loss= in Python) to compute the loss "
@@ -30,7 +30,8 @@ class ModelLossTask(Task):
     """The model's own loss, weighted by the units it is a mean over (``units``, from
     ``tasks.build.loss_units_of``: label tokens that are not -100, shifted by one for a
     causal LM; rows; or, for a model that does not say, rows when its labels are one per
-    row, and a refusal when they are sequences: shifted or not, nothing tells)."""
+    row, every element for float labels (multi-label, regression), and a refusal for
+    sequences of class labels: shifted or not, nothing tells)."""
 
     def __init__(self, base: Task, units: str | None, model_name: str = "the model"):
         self.base, self.units, self.model_name = base, units, model_name
@@ -44,7 +45,7 @@ class ModelLossTask(Task):
         labels = labels_of(inputs)
         if labels is None or self.units == "rows" or (self.units is None and labels.dim() <= 1):
             return float(batch_rows(target if labels is None else labels))
-        if self.units is None:
+        if self.units is None and not labels.is_floating_point():
             raise BatchError(unknowable_reduction(self.model_name))
         if self.units == "shifted":
             labels = labels[..., 1:]

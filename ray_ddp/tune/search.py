@@ -12,6 +12,7 @@ with the unfinished trials, each resuming its own checkpoint.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -94,11 +95,12 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
     # the first candidate of each searched key: the point the space's check validated
     first = {k: pick_candidates(*v)[0] for k, v in tc.search.items()}
     base = trial_config(tc, first, storage=tc.train.get("storage") or TrainConfig.storage, name=name)
-    if (base.address or "").startswith("ray://"):
+    client = ray_client_address(base.address)
+    if client:
         # Ray Client runs the Tuner on the cluster: the trials' lines and Tune's record of
         # them would stay there, and reading that record back from storage runs pickles
         raise ConfigError(f"ray-ddp tune runs its search from this process and cannot through Ray Client "
-                          f"({base.address}); submit it as a job instead: ray job submit -- ray-ddp tune ...")
+                          f"({client}); submit it as a job instead: ray job submit -- ray-ddp tune ...")
     store = open_storage(base)
     if not store.is_local:
         raise ConfigError(f"ray-ddp tune keeps its search on a local or shared path; --storage "
@@ -140,6 +142,18 @@ def check_trials_fit(tc: TuneConfig, workers: int, cpus: int, gpus: Optional[int
         raise ConfigError(f"{tc.concurrent} trials at once x {workers} workers x {gpus} GPU need "
                           f"{tc.concurrent * workers * gpus} GPU; the cluster has {total.get('GPU', 0):g}; "
                           "lower --concurrent or the workers")
+
+
+def ray_client_address(address: Optional[str]) -> Optional[str]:
+    """The Ray Client address the search would run through (``address``, else
+    RAY_ADDRESS, else a Ray Client this process is already connected to), or None."""
+    given = address or os.environ.get("RAY_ADDRESS") or ""
+    if given.startswith("ray://"):
+        return given
+    ray = sys.modules.get("ray")  # connected already only if imported already
+    if ray is not None and ray.util.client.ray.is_connected():
+        return "a Ray Client connection this process holds"
+    return None
 
 
 def search_name(tc: TuneConfig) -> str:

@@ -73,6 +73,20 @@ def test_a_named_block_that_holds_a_tied_weight_stays_in_the_root():
     assert shard_units(tied, fsdp()) == [tied.norm]
 
 
+def test_a_module_held_at_two_places_is_in_no_unit():
+    class Shared(nn.Module):  # one embedding module reached from the root, the encoder and the decoder
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(20, 8)
+            self.enc, self.dec, self.norm = nn.Module(), nn.Module(), nn.LayerNorm(8)
+            self.enc.e = self.dec.e = self.emb
+
+    shared = Shared()
+    assert shard_units(shared, fsdp()) == [shared.norm]
+    shared._no_split_modules = ["Embedding", "LayerNorm"]
+    assert shard_units(shared, fsdp()) == [shared.norm]
+
+
 def test_wrap_names_a_class_by_import_path_or_by_name_outermost_only():
     gpt = GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4)
     assert shard_units(gpt, fsdp(fsdp_wrap="ray_ddp.models.Block")) == list(gpt.blocks)

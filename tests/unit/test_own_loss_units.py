@@ -108,6 +108,16 @@ def test_a_model_whose_reduction_over_sequence_labels_cannot_be_known_is_refused
     check_output_shape(TrainConfig(model="user:seq", task="lm", seq_len=8), meta_model, (x, ids))
 
 
+def test_float_labels_count_every_element_and_an_unknown_loss_type_falls_back_to_the_class_name():
+    model = SequenceModel(transformers.PretrainedConfig())  # names no head
+    multi_label = {"input_ids": torch.randint(1, VOCAB, (2, 8)), "labels": torch.rand(2, 5)}
+    task = build_task("regression", model=model, model_loss=True)
+    assert task.count_units(multi_label, multi_label["labels"]) == 10.0  # a mean over elements: not refused
+    gpt2 = tiny("gpt2")
+    gpt2.loss_type = "ForCTC"  # a loss ray_ddp does not weigh: the class still says causal LM
+    assert loss_units_of(gpt2) == "shifted"
+
+
 def test_a_micro_batch_with_no_label_to_learn_from_adds_nothing_and_no_nan():
     model = tiny("gpt2")
     task = build_task("lm", 8, model=model, model_loss=True)

@@ -263,12 +263,18 @@ def test_the_trials_each_row_comes_from_are_those_tune_hands_its_callback_at_the
     assert [r["trial"] for r in rows] == [0, 2, 1, 3]  # best val_loss first, none last
 
 
-def test_a_ray_client_address_is_refused_before_any_search_starts(tmp_path):
+def test_a_ray_client_address_is_refused_before_any_search_starts(tmp_path, monkeypatch):
     """Through Ray Client, Tune would run the search on the cluster and its record of the
     trials could only be read back by unpickling what storage holds: refused in one line."""
     from ray_ddp.tune.search import run_search
 
     tc = load(tmp_path, BASE + LR + f"storage: {tmp_path / 'runs'}\naddress: ray://head:10001\n")
     with pytest.raises(ConfigError, match=r"Ray Client \(ray://head:10001\).*ray job submit"):
+        run_search(tc, echo=lambda line: None)
+    assert not (tmp_path / "runs").exists()
+    # the same through RAY_ADDRESS, as `ray job submit` and Ray's docs set it
+    tc = load(tmp_path, BASE + LR + f"storage: {tmp_path / 'runs'}\n")
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    with pytest.raises(ConfigError, match=r"Ray Client \(ray://head:10001\)"):
         run_search(tc, echo=lambda line: None)
     assert not (tmp_path / "runs").exists()
