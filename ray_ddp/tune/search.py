@@ -279,9 +279,8 @@ def _latest_checkpoint(store, run_path: str) -> Optional[str]:
 
 def _mark_stopped(store, run_path: str, settle_s: float = 5.0) -> None:
     """A trial ASHA stopped was killed mid-run: its status says so, and a rerun resumes it.
-    Tune ends the trial's actor asynchronously, and its run, failing on its way down,
-    writes "failed" a moment after: a status still "running" is given ``settle_s`` to
-    take that last write before it is marked (a process killed outright never writes)."""
+    Tune ends the actor asynchronously, and its run may write "failed" on its way down a
+    moment after: a status still "running" gets ``settle_s`` to take that last write."""
     status = read_json(store.fs, f"{run_path}/{STATUS_FILE}")
     deadline = time.monotonic() + settle_s
     while status is not None and status.get("state") == "running" and time.monotonic() < deadline:
