@@ -1,7 +1,8 @@
 """What FSDP shards as one unit each: the classes ``--fsdp-wrap`` names, the units a model
 declares (``fsdp_units()``: the gpt's blocks), the blocks a Hugging Face model names in
 ``_no_split_modules`` (GPT2Block, LlamaDecoderLayer, T5Block: what transformers itself
-keeps whole when it splits a model), or the root's children that own their parameters. Walks modules only (no process group), so the driver checks it on the meta
+keeps whole when it splits a model), or the root's children that own their parameters.
+Walks modules only (no process group), so the driver checks it on the meta
 device before Ray starts, and workers shard by it."""
 
 from __future__ import annotations
@@ -77,11 +78,13 @@ def _owned_alone(model: nn.Module):
     """A test of whether a module of ``model`` is reached by one path only and every
     parameter under it is held by no module outside that path: tied weights are one
     Parameter held by two modules, or one module held at two places."""
-    holders = [(path, [id(p) for p in m.parameters(recurse=False)])
-               for path, m in model.named_modules(remove_duplicate=False)]
+    holders, paths_of = [], {}  # (path, its own parameters' ids); module id -> its paths
+    for path, m in model.named_modules(remove_duplicate=False):
+        holders.append((path, [id(p) for p in m.parameters(recurse=False)]))
+        paths_of.setdefault(id(m), []).append(path)
 
     def alone(unit: nn.Module) -> bool:
-        paths = [path for path, m in model.named_modules(remove_duplicate=False) if m is unit]
+        paths = paths_of.get(id(unit), [])
         if len(paths) != 1:
             return False
         mine = {id(p) for p in unit.parameters()}

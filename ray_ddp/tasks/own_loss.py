@@ -18,9 +18,10 @@ from ray_ddp.tasks.builtin import IGNORE_INDEX, Task
 def unknowable_reduction(model_name: str) -> str:
     """The one line for a model whose own loss is a mean over sequence labels that nothing
     says how to count: next-token (shifted) or as they are."""
-    return (f"{model_name} computes its own loss from a sequence of class labels per row, but neither its "
-            "class name nor its loss_type names a Hugging Face head ray_ddp knows, so what that loss is a mean over (the tokens after each "
-            "row's first, as a causal LM shifts them, or every token) cannot be known, and with it the "
+    return (f"{model_name} computes its own loss from a sequence of class labels per row, but neither "
+            "its class name nor its loss_type names a Hugging Face head ray_ddp knows, so what that "
+            "loss is a mean over (the tokens after each row's first, as a causal LM shifts them, or "
+            "every token) cannot be known, and with it the "
             "weight of each micro-batch: set model.loss_type ('ForCausalLM' shifts, 'ForMaskedLM' or "
             "'ForTokenClassification' does not), or pass --loss (loss= in Python) to compute the loss "
             "from its output")
