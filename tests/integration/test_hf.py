@@ -1,7 +1,8 @@
 """Hugging Face models as people bring them (built from configs: nothing is downloaded):
 a GPT-2 with its own loss, a BERT classifier on padded dict batches, the same BERT from a
 save_pretrained folder through ``--model hf:DIR``, ``--init-from``, ``--format hf``
-export, and the exactness of a model's own loss over ranks and accumulation steps."""
+export, and the exactness of a model's own loss over ranks and accumulation steps (against
+one plain process)."""
 
 from __future__ import annotations
 
@@ -119,21 +120,32 @@ def test_the_cli_trains_a_save_pretrained_folder_through_hf_dir(ray_address, tmp
 
 
 def test_a_models_own_loss_is_exact_over_ranks_and_accumulation(ray_local, storage):
-    """Ragged sequences padded with -100: 1 worker x 64 rows and 2 workers x 16 x 2
-    accumulation steps give the same weights, to float rounding."""
+    """Ragged sequences padded with -100, 2 workers x 16 rows x 2 accumulation steps: the
+    weights of one plain process taking the model's own loss over each whole 64-row step
+    (the rows of the run's epoch order), to float rounding."""
     from hf_data import CausalText, gpt2
 
-    def arm(name, **kw):
-        cfg = TrainConfig(epochs=1, steps_per_epoch=3, optimizer="sgd", lr=0.5, report_every=3,
-                          storage=str(storage), name=name, quiet=True,
-                          collate="ray_ddp.data.collate:pad_sequences", **kw)
-        summary = run(cfg, model=functools.partial(gpt2, 1), train_data=CausalText(192, seed=3, ragged=True))
-        return torch.load(os.path.join(_local(summary.checkpoint), MODEL_FILE), weights_only=True)
+    from ray_ddp.data.collate import pad_sequences
+    from ray_ddp.data.sources import epoch_order
 
-    one = arm("hf-exact-1x64", workers=1, batch_size=64)
-    two = arm("hf-exact-2x16x2", workers=2, batch_size=16, global_batch=64)
-    start = gpt2(1).state_dict()
-    for key in one:
+    data, steps = CausalText(192, seed=3, ragged=True), 3
+    cfg = TrainConfig(epochs=1, steps_per_epoch=steps, optimizer="sgd", lr=0.5, report_every=3,
+                      storage=str(storage), name="hf-exact-2x16x2", quiet=True, workers=2, batch_size=16,
+                      global_batch=64, collate="ray_ddp.data.collate:pad_sequences")
+    summary = run(cfg, model=functools.partial(gpt2, 1), train_data=data)
+    two = torch.load(os.path.join(_local(summary.checkpoint), MODEL_FILE), weights_only=True)
+
+    model = gpt2(1)  # the single-process reference: ray_ddp's SGD (momentum 0.9), no clipping
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    order = epoch_order(len(data), cfg.seed, 0)
+    for step in range(steps):
+        batch, _ = pad_sequences([data[int(i)] for i in order[step * 64:(step + 1) * 64]])
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    one = model.state_dict()
+    for key in two:
         # what training changed agrees to float rounding; a mean of the micro-batches' means
         # (what an unweighted HF loss gives) differs by percents of it
         moved = (one[key] - start[key]).norm()
