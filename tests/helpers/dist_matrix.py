@@ -69,7 +69,7 @@ def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches
     from ray_ddp.worker.step import train_step
     from ray_ddp.worker.window import WindowState
 
-    from hf_tiny import rows, task_of, tiny
+    from hf_tiny import BUILTIN, rows, task_of, tiny
 
     cpu = torch.device("cpu")
     out = {}
@@ -82,12 +82,13 @@ def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches
                            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
                            torch.amp.GradScaler("cpu", enabled=False), [cpu], strategy)
         x = rows(kind, global_rows)
-        share = global_rows // world
-        mine = {k: v[rank * share:(rank + 1) * share] for k, v in x.items()}
-        size = share // micro_batches
-        parts_of = [{k: v[m * size:(m + 1) * size] for k, v in mine.items()} for m in range(micro_batches)]
-        source = _Batches([(p, p["labels"], share) for p in parts_of])
-        task = build_task(task_of(kind), 8, model=model, model_loss=True)
+        count = len(x["labels"])  # ray_ddp's own tasks: one row short, so the cut is uneven
+        cut = torch.tensor_split(torch.arange(count), world * micro_batches)
+        parts_of = [{k: v[idx] for k, v in x.items()} for idx in cut[rank * micro_batches:(rank + 1) * micro_batches]]
+        builtin = kind in BUILTIN
+        # as rows_of_step: the share is the step's rows over the ranks
+        source = _Batches([(p["inputs"] if builtin else p, p["labels"], count / world) for p in parts_of])
+        task = build_task(task_of(kind), 8, model=model, model_loss=not builtin)
         train_step(parts, task, source, WindowState.start(cpu, cpu), 0, 0, micro_batches, 0.0, cpu)
         out[(kind, strategy_name)] = {n: _whole(p) for n, p in model.named_parameters()}
     return out

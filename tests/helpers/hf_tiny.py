@@ -1,5 +1,8 @@
 """Tiny Hugging Face models of the field's heads, built from configs (nothing
-downloaded), and ragged rows for them: what the own-loss tests cut in every way."""
+downloaded), and ragged rows for them: what the own-loss tests cut in every way. Beside
+them, ray_ddp's own tasks on its built-in MLP (``BUILTIN``: its cross-entropy and mean
+squared error), whose rows are one short of the global batch, so that a cut gives
+micro-batches of different sizes."""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ VOCAB = 32
 # head -> what its own loss is a mean over (tasks/build.py loss_units_of)
 UNITS = {"gpt2": "shifted", "llama": "shifted", "t5": "tokens", "bart": "tokens", "masked": "tokens",
          "token": "tokens", "rows": "rows", "choice": "rows", "custom": None}
+# ray_ddp's own task -> the task's name and the loss of a plain process over all rows
+BUILTIN = {"classify": ("classification", torch.nn.functional.cross_entropy),
+           "regress": ("regression", torch.nn.functional.mse_loss)}
 
 
 def tiny(kind: str):
@@ -17,6 +23,8 @@ def tiny(kind: str):
 
 
 def task_of(kind: str) -> str:
+    if kind in BUILTIN:
+        return BUILTIN[kind][0]
     return "lm" if kind in ("gpt2", "llama", "t5", "bart", "masked") else "classification"
 
 
@@ -24,6 +32,10 @@ def _build(kind: str):
     import transformers as t
 
     torch.manual_seed(0)
+    if kind in BUILTIN:
+        from ray_ddp.models.builtin import build_mlp
+
+        return build_mlp(6, 4 if kind == "classify" else 3, 16, 1)
     if kind == "gpt2":
         return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2))
     if kind == "llama":
@@ -69,6 +81,11 @@ def rows(kind: str, count: int = 6, length: int = 8, ends=(8, 1, 5, 2, 0, 7, 0, 
     """Rows whose labels have different lengths (-100 past each row's end: ``ends``), a
     row of one label token, and (where labels are tokens) rows with none at all."""
     g = torch.Generator().manual_seed(1)
+    if kind in BUILTIN:  # {"inputs": x, "labels": y}, one row short: uneven micro-batches
+        x = torch.randn(count - 1, 6, generator=g)
+        y = torch.randint(0, 4, (count - 1,), generator=g) if kind == "classify" else \
+            torch.randn(count - 1, 3, generator=g)
+        return {"inputs": x, "labels": y}
     ids = torch.randint(1, VOCAB, (count, length), generator=g)
     if kind in ("rows", "choice", "custom"):
         labels = torch.randint(0, 2 if kind == "choice" else 3, (count,), generator=g)

@@ -1,14 +1,16 @@
-"""The model's own loss is exact however the global batch is cut, for the field's heads,
-DDP and FSDP: 8 ragged rows (labels of different lengths, rows with no label token, and
-one rank's whole second micro-batch with none: prompt-only rows) trained one step by
-ray_ddp's own step on 1 worker x 8 rows and on 2 workers x 2 micro-batches of 2 rows,
-against one plain process taking the model's own loss over all 8 rows at once. The same
-weights, to float tolerance: this is the test that catches a mis-weighted head, a NaN
-from an empty or prompt-only micro-batch, and an accumulation or world-size cut that
-counts wrong.
+"""A loss is exact however the global batch is cut, for the field's heads and ray_ddp's
+own tasks, DDP and FSDP. The heads' own losses on 8 ragged rows (labels of different
+lengths, rows with no label token, and one rank's whole second micro-batch with none:
+prompt-only rows); ray_ddp's cross-entropy and mean squared error on its MLP over 7 rows
+(micro-batches of 2 and 1 rows). Each trained one step by ray_ddp's own step on 1 worker
+taking the whole batch and on 2 workers x 2 micro-batches, against one plain process
+taking the loss over all the rows at once. The same weights, to float tolerance: this is
+the test that catches a mis-weighted head, a NaN from an empty or prompt-only
+micro-batch, and an accumulation or world-size cut that counts wrong.
 
 Real gloo process groups on loopback, no Ray (the arithmetic is ray_ddp's own; the
-real-Ray runs of this path are test_hf.py's). The slow lane: processes that train."""
+real-Ray runs of this path are test_hf.py's and test_tasks.py's). The slow lane:
+processes that train."""
 
 from __future__ import annotations
 
@@ -18,11 +20,11 @@ import torch
 pytest.importorskip("transformers")
 
 from dist_matrix import one_step, run_on_ranks  # noqa: E402
-from hf_tiny import rows, tiny  # noqa: E402
+from hf_tiny import BUILTIN, rows, tiny  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
-KINDS = ("gpt2", "llama", "t5", "rows", "token", "choice", "custom")
+KINDS = ("gpt2", "llama", "t5", "rows", "token", "choice", "custom", *BUILTIN)
 CASES = [(kind, strategy) for kind in KINDS for strategy in ("ddp", "fsdp")]
 GLOBAL_ROWS = 8
 
@@ -31,8 +33,12 @@ def reference(kind: str) -> dict[str, torch.Tensor]:
     """One plain process: the model's own loss over the whole global batch, one SGD step."""
     model = tiny(kind)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    out = model(**rows(kind, GLOBAL_ROWS))
-    loss = out["loss"] if isinstance(out, dict) else out.loss
+    batch = rows(kind, GLOBAL_ROWS)
+    if kind in BUILTIN:  # ray_ddp's own task: its loss, over all the rows at once
+        loss = BUILTIN[kind][1](model(batch["inputs"]), batch["labels"])
+    else:
+        out = model(**batch)
+        loss = out["loss"] if isinstance(out, dict) else out.loss
     loss.backward()
     optimizer.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}

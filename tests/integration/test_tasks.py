@@ -1,4 +1,4 @@
-"""Real tasks on real Ray: a classifier with validation, a user's model with dict inputs
+"""Real tasks on real Ray: a classifier with validation and an LR schedule, a user's model with dict inputs
 and BatchNorm, a language model on real text, the Python API with objects defined only
 in the calling script, and models whose forward skips parameters."""
 
@@ -34,12 +34,13 @@ def model_weights(summary):
     return torch.load(f"{summary.checkpoint}/model.pt", weights_only=True)
 
 
-def test_classifier_learns_and_accumulation_and_workers_do_not_change_what_it_learns(ray_local, storage,
-                                                                                      classes):
-    common = dict(data=classes, model="mlp", width=32, depth=1, epochs=2, optimizer="adamw", lr=0.05,
-                  val_fraction=0.2, warmup_steps=4, schedule="cosine", report_every=1)
-    one = run(small(storage, "cls-1x256", workers=1, batch_size=256, **common))
-    two = run(small(storage, "cls-2x64x2", workers=2, batch_size=64, grad_accum=2, **common))
+def test_classifier_learns_validates_and_follows_its_schedule(ray_local, storage, classes):
+    # (that 2 workers x 64 rows x 2 accumulation steps learn what 1 x 256 learns, the
+    # cross-entropy being the exact mean over the global batch however it is cut, is
+    # test_loss_matrix.py's, against one plain process)
+    two = run(small(storage, "cls-2x64x2", workers=2, batch_size=64, grad_accum=2, data=classes, model="mlp",
+                    width=32, depth=1, epochs=2, optimizer="adamw", lr=0.05, val_fraction=0.2, warmup_steps=4,
+                    schedule="cosine", report_every=1))
     assert two.task == "classification" and two.steps == 2 * 10  # 2400 training rows / 256
     assert two.val_accuracy > 0.75, two.val_accuracy  # 4 classes: chance is 0.25
     evals = pq.read_table(f"{two.path}/eval.parquet").to_pylist()
@@ -48,11 +49,6 @@ def test_classifier_learns_and_accumulation_and_workers_do_not_change_what_it_le
     rows = rows_of(two)
     assert all(0 <= r["accuracy"] <= 1 for r in rows)  # every training window too
     assert rows[0]["samples"] == 64 * 2  # per rank per step: batch x accumulation
-    # cross-entropy is the exact mean over the global batch: 1 x 256 and 2 x 64 x 2 (DDP's
-    # all-reduce only on the last micro-batch, under no_sync before) learn the same weights
-    a, b = model_weights(one), model_weights(two)
-    for key in a:
-        assert torch.allclose(a[key], b[key], atol=1e-4), key
     # the LR after a step, worked out by hand: linear warm-up to 0.05 over 4 steps (the
     # first step runs at 1/4 of it), then cosine from 0.05 at step 4 to 0 at step 20
     want = {1: 0.025, 2: 0.0375, 3: 0.05, 4: 0.05, 12: 0.025, 20: 0.0}
