@@ -1,34 +1,19 @@
-"""What ended a worker group, in one line, and whether the driver starts it again. Runs
-on the driver.
+"""What ended a worker group, in one line. Runs on the driver (and in Ray Train's
+controller, for the restarts it makes; whether the driver starts a run again is
+driver/restart_decision.py's).
 
 Ray Train reports a failed worker group as one exception per rank. When a worker or its
 node dies, the dead rank's entry is an actor error and the others fail on the broken
 connection (a gloo "Connection reset by peer"); a transport error alone tells the user
 nothing, so the line names the rank, its node, whether the process or the node was lost,
 and the flag that would have let the run go on.
-
-Two restarts are the driver's own, beyond Ray's ``--max-failures`` (each starts a new
-TorchTrainer from the newest checkpoint):
-- an elastic run (``--workers MIN-MAX``) given no ``--max-failures`` expects nodes to come
-  and go: it restarts after every lost worker or node, but a failure that repeats from
-  the same checkpoint (a bug that kills the process, not a lost node) ends it after
-  ``REPEATED_FAILURE_LIMIT`` tries;
-- a node that dies after its preemption notice was preempted, whenever it dies: the run
-  restarts from the preemption checkpoint, counted against ``--max-preemptions``, never
-  against ``--max-failures``.
-
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
-
-
-# An elastic run stops when its worker group fails this many times in a row from the same
-# checkpoint: the failure is the code's, not a node's.
-REPEATED_FAILURE_LIMIT = 3
 
 
 # What a surviving rank raises when a peer's process went away, by backend.
@@ -100,50 +85,3 @@ def describe_loss(failure: FailureSummary, step: Optional[int]) -> str:
         return (f"rank {failure.rank} on node {failure.node} {failure.cause}{at}: a worker or "
                 "node of the run was lost")
     return f"rank {failure.rank} on node {failure.node} was lost ({failure.cause}){at}"
-
-
-@dataclass
-class RestartState:
-    """The driver's restarts so far: after which checkpoint the last failures came, and
-    how many came in a row from it; the preemptions whose node's death was forgiven."""
-
-    last_checkpoint: Optional[str] = "-"
-    repeats: int = 0
-    restarts: int = 0
-    preemptions: int = 0
-    forgiven_nodes: set = field(default_factory=set)
-
-    def decide(self, failure: FailureSummary, elastic: bool, max_failures: Optional[int],
-               max_preemptions: int, preempted_nodes: set[str], run_nodes: set[str],
-               checkpoint: Optional[str]) -> Optional[str]:
-        """Why the run restarts (a few words for the restart line), or None to stop.
-        ``preempted_nodes``: the nodes whose preemption notice the run saw; ``run_nodes``:
-        the nodes its ranks ran on."""
-        if failure.lost is None:
-            return None  # an error in training: restarting would raise it again
-        self.repeats = self.repeats + 1 if checkpoint == self.last_checkpoint else 1
-        self.last_checkpoint = checkpoint
-        # the dead rank's node was being preempted; or only survivors' broken connections
-        # are known, and a node of the run was: its death is the preemption's
-        noticed = (preempted_nodes & run_nodes if failure.lost == "peer" else
-                   preempted_nodes & {failure.node_id}) - self.forgiven_nodes
-        if failure.preempted or noticed:
-            if max_preemptions != -1 and self.preemptions >= max_preemptions:
-                return None
-            self.preemptions += 1
-            self.forgiven_nodes |= noticed
-            return f"its node was being preempted; preemption {self.preemptions}, not a failure"
-        if elastic and max_failures is None and self.repeats < REPEATED_FAILURE_LIMIT:
-            self.restarts += 1
-            return f"an elastic run goes on without lost workers; restart {self.restarts}"
-        return None
-
-    def why_stopped(self, failure: FailureSummary, elastic: bool, max_failures: Optional[int]) -> str:
-        """The end of the one line that ends the run: what would have let it go on."""
-        if failure.lost is None:
-            return ""
-        if elastic and max_failures is None and self.repeats >= REPEATED_FAILURE_LIMIT:
-            return (f"; it failed {self.repeats} times in a row after the same checkpoint, so it "
-                    "is not a lost node: look at that rank's error (--verbose shows Ray's logs)")
-        return ("; pass --max-failures N (-1: no limit) to let the run restart from its latest "
-                "checkpoint")

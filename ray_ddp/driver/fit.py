@@ -13,7 +13,8 @@ from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.driver.events import (attribute_hangs, failure_event, merge_events, restarted_after_hang,
                                    table_events)
 from ray_ddp.driver.hangs import HangMonitor
-from ray_ddp.driver.failures import RestartState, describe_loss, summarize_failure
+from ray_ddp.driver.failures import describe_loss, summarize_failure
+from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig, RestartState, decide_restart
 from ray_ddp.cluster.runtime_env import nccl_hang_env, train_controller_env, worker_runtime_env
 from ray_ddp.driver.progress import show_progress
 from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_json, read_table
@@ -35,6 +36,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     run_path = store.run_path(cfg.name)
     scan = start.scan
     restarts = RestartState()
+    policy = RestartPolicyConfig(placement.elastic, cfg.max_failures, cfg.max_preemptions)
     earlier = read_events(store, run_path)  # of the commands before this one
     events: list[dict[str, Any]] = []  # this command's
     pending: list[dict[str, Any]] = []  # hangs that ended a fit (no restart within it followed)
@@ -57,17 +59,19 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
                 if pending and err.failure is not None:  # the watch ended the group: say why
                     err.args = (pending[-1]["cause"].removeprefix("hang: "),)
                 scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
-                preemptions_before = restarts.preemptions
-                why = _decide_restart(err, restarts, cfg, placement, store, scan)
-                if err.failure is not None:
-                    event = failure_event(err.failure, err.step, why is not None, scan.latest,
-                                          preemption=restarts.preemptions > preemptions_before)
-                    if pending:
-                        event = restarted_after_hang(pending[-1], event)
-                    events.append(event)
-                if why is None:
+                decision = _decide_restart(err, restarts, policy, store, run_path, scan)
+                if decision is None:  # Ray's controller failed: no rank to name, nothing to decide
                     raise
-                echo(f"{err}; restarting from {scan.latest or 'scratch'} ({why})"
+                restarts = decision.state
+                event = failure_event(err.failure, err.step, decision.restart, scan.latest,
+                                      preemption=decision.preemption)
+                if pending:
+                    event = restarted_after_hang(pending[-1], event)
+                events.append(event)
+                if not decision.restart:
+                    err.args = (str(err) + decision.reason,)
+                    raise
+                echo(f"{err}; restarting from {scan.latest or 'scratch'} ({decision.reason})"
                      + _steps_to_redo(err.step, scan.meta))
                 write_status(store, run_path, "running", cfg, placement,
                              events=merge_events(earlier + events))
@@ -117,20 +121,16 @@ def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any]
                       hang_watch=hang_watch, ray_data=ray_data)
 
 
-def _decide_restart(err: "TrainingError", restarts: RestartState, cfg: TrainConfig,
-                    placement: PlacementConfig, store: StorageConfig, scan: CheckpointScan) -> Optional[str]:
-    """Why the driver starts the run again, or None; a run that stops gets the end of its
-    one line (what would have let it go on) added to ``err``."""
+def _decide_restart(err: TrainingError, restarts: RestartState, policy: RestartPolicyConfig,
+                    store: StorageConfig, run_path: str, scan: CheckpointScan) -> Optional[RestartDecision]:
+    """decide_restart for a fit that ended in ``err``, with the nodes progress.json knows
+    (those preempted, those the ranks ran on); None when no rank explains the failure."""
     if err.failure is None:
         return None
-    progress = read_json(store.fs, f"{store.run_path(cfg.name)}/{PROGRESS_FILE}") or {}
+    progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
     preempted = {n for p in progress.get("preemptions") or [] for n in str(p.get("node_id", "")).split(",") if n}
     run_nodes = {str(n) for n in (progress.get("nodes") or {}).values() if n}
-    why = restarts.decide(err.failure, placement.elastic, cfg.max_failures, cfg.max_preemptions,
-                          preempted, run_nodes, scan.latest)
-    if why is None:
-        err.args = (str(err) + restarts.why_stopped(err.failure, placement.elastic, cfg.max_failures),)
-    return why
+    return decide_restart(err.failure, policy, restarts, preempted, run_nodes, scan.latest)
 
 
 def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:

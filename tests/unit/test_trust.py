@@ -122,29 +122,3 @@ def test_only_the_last_epochs_end_writes_the_whole_model():
     assert is_final_save(cfg, epoch=2, epoch_end=True)
     assert not is_final_save(cfg, epoch=2, epoch_end=False)  # a preemption checkpoint in epoch 3
     assert not is_final_save(cfg, epoch=1, epoch_end=True)
-
-
-def test_restart_rules_for_lost_workers_preempted_nodes_and_repeats():
-    from ray_ddp.driver.failures import FailureSummary, RestartState
-
-    lost = FailureSummary(1, "10.0.0.7", "process", "its process 7 died", node_id="b")
-    bug = FailureSummary(0, "10.0.0.6", None, "ValueError: bad batch", node_id="a")
-    survivor = FailureSummary(0, "10.0.0.6", "peer", "lost its connection", node_id="a")
-    state = RestartState()
-    # a fixed run with no --max-failures stops at once, naming the flag
-    assert state.decide(lost, False, None, -1, set(), {"a", "b"}, "step-1") is None
-    assert "--max-failures" in state.why_stopped(lost, False, None)
-    # an elastic one restarts, until the same checkpoint failed 3 times in a row
-    state = RestartState()
-    assert [state.decide(lost, True, None, -1, set(), {"a", "b"}, "step-1") is not None
-            for _ in range(3)] == [True, True, False]
-    assert "3 times in a row" in state.why_stopped(lost, True, None)
-    assert state.decide(lost, True, None, -1, set(), {"a", "b"}, "step-2") is not None  # progress resets it
-    assert RestartState().decide(bug, True, None, -1, set(), {"a"}, "step-1") is None  # a bug is no lost node
-    # a node that dies after its notice is a preemption, once per notice, even seen only
-    # through a survivor's broken connection; never with --max-failures 0 spent
-    state = RestartState()
-    why = state.decide(survivor, False, 0, -1, {"b"}, {"a", "b"}, "step-1")
-    assert why is not None and "preempted" in why
-    assert state.decide(survivor, False, 0, -1, {"b"}, {"a", "b"}, "step-2") is None  # b was forgiven
-    assert RestartState().decide(lost, False, 0, 0, {"b"}, {"a", "b"}, "step-1") is None  # --max-preemptions 0
