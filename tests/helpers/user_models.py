@@ -304,8 +304,9 @@ class DiesOnSchedule(nn.Module):
     processes SIGKILL themselves at chosen moments, one per life of the worker group:
     ``kills[k] = (rank, moment, at)`` for the k-th life (lives are counted in ``folder``),
     ``moment`` "forward" (at that rank's ``at``-th training forward: during that step)
-    or "save" (at the first state_dict after its ``at``-th forward: during that step's
-    checkpoint), or None (a life without a kill). A life past the schedule trains
+    "save" (at the first state_dict after its ``at``-th forward: during that step's
+    checkpoint) or "validate" (at the first validation forward after its ``at``-th
+    training forward: during that epoch's validation), or None (a life without a kill). A life past the schedule trains
     undisturbed."""
 
     def __init__(self, folder: str, kills: tuple):
@@ -341,6 +342,9 @@ class DiesOnSchedule(nn.Module):
     def forward(self, x):
         self.calls += self.training
         if self.kill is not None and self.training and self.kill[1] == "forward" and self.calls == self.kill[2]:
+            self._die()
+        if self.kill is not None and not self.training and self.kill[1] == "validate" and \
+                self.calls >= self.kill[2]:
             self._die()
         return self.net2(self.relu(self.net1(x)))
 

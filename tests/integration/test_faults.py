@@ -1,14 +1,14 @@
 """Failures at the moments a real run meets them, each recorded once and rightly: one
 run whose worker group is SIGKILLed at its first step, mid first epoch before any
-checkpoint, during a checkpoint, and (a second command) after a resume. Ray Train
+checkpoint, during the first epoch's validation (before its checkpoint), during a
+checkpoint, and (a second command) after a resume. Ray Train
 restarts the group each time (--max-failures); every failure is one event with its type,
 rank, node, step, the checkpoint the new group loaded (or none: from scratch) and the
 steps it redid, one console line, and the run ends with the weights of a run that never
 failed (test_train.py's full_run: the same toy, data and schedule). `ray-ddp runs`
 counts the restarts.
 
-(A hang's moments: test_hangs.py, after the first checkpoint. A kill during validation
-is not here yet.)"""
+(A hang's moments: test_hangs.py, after the first checkpoint.)"""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import re
 import pytest
 
 from ray_ddp import run
+from ray_ddp.data.synth_files import write_synthetic
 from ray_ddp.observe.runs import list_runs
 
 from ._runs import final_hashes, rows_of, small
@@ -28,9 +29,10 @@ pytestmark = pytest.mark.ray
 KILLS = (
     (1, "forward", 1),   # life 1: rank 1 at its first step; nothing saved: from scratch
     (1, "forward", 7),   # life 2: rank 1 at step 7, after the report of step 5: from scratch
-    (0, "save", 20),     # life 3: rank 0 in step 20's checkpoint: from step-10
-    None,                # life 4: ends the first command (2 epochs)
-    (1, "forward", 3),   # life 5, the second command (resumed at step 20): rank 1 at step 23
+    (1, "validate", 10),  # life 3: rank 1 validating epoch 1, before its checkpoint: from scratch
+    (0, "save", 20),     # life 4: rank 0 in step 20's checkpoint: from step-10
+    None,                # life 5: ends the first command (2 epochs)
+    (1, "forward", 3),   # life 6, the second command (resumed at step 20): rank 1 at step 23
 )
 
 
@@ -40,9 +42,12 @@ def test_each_failure_moment_is_one_event_one_line_and_the_weights_of_a_run_that
 
     lines: list[str] = []
     model = functools.partial(dies_on_schedule, str(tmp_path / "lives"), KILLS)
-    first = run(small(storage, "faults", epochs=2, max_failures=3, quiet=False), echo=lines.append, model=model)
+    # validated every epoch on rows of its own (the training rows stay full_run's)
+    write_synthetic(str(tmp_path / "val"), rows=64, features=10, targets=5, seed=9)
+    common = dict(max_failures=4, quiet=False, val_data=str(tmp_path / "val"))
+    first = run(small(storage, "faults", epochs=2, **common), echo=lines.append, model=model)
     assert first.epochs_completed == 2
-    second = run(small(storage, "faults", epochs=3, max_failures=3, quiet=False), echo=lines.append, model=model)
+    second = run(small(storage, "faults", epochs=3, **common), echo=lines.append, model=model)
     assert second.epochs_completed == 3 and second.resumed_from.endswith("/faults/step-00000020")
 
     events = second.events
@@ -51,9 +56,10 @@ def test_each_failure_moment_is_one_event_one_line_and_the_weights_of_a_run_that
     # In step 20's checkpoint, step 10's (written asynchronously) may not have reached Ray
     # Train yet on a loaded machine: then it was never committed, the new group starts
     # from scratch, and the event must say so. Either way the event tells what happened.
-    third = events[2]["from_checkpoint"] if len(events) == 4 else None
+    third = events[3]["from_checkpoint"] if len(events) == 5 else None
     assert third in (None, "step-00000010"), told
     assert [t[:5] for t in told] == [
+        ("failure", 1, "127.0.0.1", None, True),
         ("failure", 1, "127.0.0.1", None, True),
         ("failure", 1, "127.0.0.1", None, True),
         ("failure", 0, "127.0.0.1", third, True),
@@ -62,13 +68,13 @@ def test_each_failure_moment_is_one_event_one_line_and_the_weights_of_a_run_that
     # the last step any rank of the failed group finished, as far as the run knew (its
     # reports, which go out in batches, and its heartbeats between them: never more than
     # the truth, never an earlier group's), and the steps the new group redid from there
-    since = (0, 0, 10 if third else 0, 20)
-    bounds = ((0, 0), (0, 6), (10 if third else 0, 20), (20, 22))
+    since = (0, 0, 0, 10 if third else 0, 20)
+    bounds = ((0, 0), (0, 6), (0, 10), (10 if third else 0, 20), (20, 22))
     for e, start, (low, high) in zip(events, since, bounds):
         assert low <= e["step"] <= high and e["steps_lost"] == e["step"] - start, e
         assert "was lost (its process" in e["cause"] and "--max-failures" in e["cause"], e
     said = [line for line in lines if line.startswith("failure after step")]
-    assert len(said) == 4, lines
+    assert len(said) == 5, lines
     for line, e in zip(said, events):
         where = f"restarted from {e['from_checkpoint'] or 'scratch'}"
         assert re.match(rf"failure after step {e['step']}: rank {e['rank']} was lost .*; {where}", line), line
@@ -76,7 +82,7 @@ def test_each_failure_moment_is_one_event_one_line_and_the_weights_of_a_run_that
     status = json.loads((storage / "faults" / "status.json").read_text())
     assert status["events"] == events
     [listing] = [r for r in list_runs(str(storage)) if r.name == "faults"]
-    assert listing.restarts == 4
+    assert listing.restarts == 5
     rows = rows_of(second)
     keys = [(r["step"], r["rank"]) for r in rows]
     assert sorted(keys) == sorted(set(keys)), "each (step, rank) once: a redone step replaces its first try"
