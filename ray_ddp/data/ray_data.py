@@ -19,7 +19,6 @@ What holds, as Ray Data gives it (docs/data.md#ray-data):
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -111,7 +110,6 @@ def dataset_table(cfg, ds, where: str) -> TableConfig:
 def trainer_datasets(train, val) -> tuple[dict[str, Any], Any]:
     """TorchTrainer's ``datasets`` and ``dataset_config``: training split equally over the
     workers, validation given whole to each in a fixed order (above)."""
-    from ray.data import ExecutionOptions
     from ray.train import DataConfig
 
     datasets = {**({TRAIN: train} if train is not None else {}), **({VAL: val} if val is not None else {})}

@@ -3,7 +3,9 @@ said in one line when it happens and kept in ``events`` of status.json and summa
 Runs on the driver; ``Event`` and ``restart_event`` also in Ray Train's controller
 (observe/restarts.py records the restarts Ray Train makes itself).
 
-Every event is an ``Event`` (its fields below), kept as its dict in the JSON files.
+Every event is an ``Event`` (its fields below) from where it is made to where it is
+written: its dict exists only in the JSON files (progress.json, from Ray Train's
+controller to the driver; status.json and summary.json), read back by ``Event.from_dict``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,24 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "Event":
+        """An event as a JSON file holds it; a record older than ``restarted`` is told by
+        its checkpoint."""
+        restarted = record.get("restarted", record.get("from_checkpoint") is not None)
+        return cls(str(record.get("type") or "failure"), record.get("time"), record.get("step"),
+                   record.get("rank"), record.get("node"), str(record.get("cause") or ""),
+                   record.get("from_checkpoint"), int(record.get("steps_lost") or 0), bool(restarted))
+
+
+def to_records(events: list[Event]) -> list[dict[str, Any]]:
+    """The events as the JSON files hold them."""
+    return [e.to_dict() for e in events]
+
+
+def from_records(records: Optional[list[dict[str, Any]]]) -> list[Event]:
+    return [Event.from_dict(r) for r in records or []]
+
 
 def checkpoint_step(name: Optional[str]) -> int:
     """The step of a checkpoint folder's name (step-00000800 -> 800); 0 for none."""
@@ -48,16 +68,15 @@ def checkpoint_step(name: Optional[str]) -> int:
 
 
 def failure_event(failure: FailureSummary, step: Optional[int], restarted: bool, checkpoint: Optional[str],
-                  preemption: bool) -> dict[str, Any]:
+                  preemption: bool) -> Event:
     """A failed worker group, as the driver saw it: restarted (from ``checkpoint``, None
     for scratch), or the run's end."""
     lost = max(0, step - checkpoint_step(checkpoint)) if step is not None and restarted else 0
     return Event("preemption" if preemption else "failure", time.time(), step, failure.rank, failure.node,
-                 failure.cause, checkpoint if restarted else None, lost, restarted).to_dict()
+                 failure.cause, checkpoint if restarted else None, lost, restarted)
 
 
-def restart_event(failure: FailureSummary, step: int, checkpoint: Optional[str], preemption: bool
-                  ) -> dict[str, Any]:
+def restart_event(failure: FailureSummary, step: int, checkpoint: Optional[str], preemption: bool) -> Event:
     """A worker group that Ray Train restarted itself (within --max-failures, or after a
     preemption), from ``checkpoint`` (None: from scratch) after ``step``."""
     why = ("Ray Train restarted the workers at the preemption's deadline" if preemption else
@@ -65,7 +84,7 @@ def restart_event(failure: FailureSummary, step: int, checkpoint: Optional[str],
     cause = why if failure.rank < 0 else f"rank {failure.rank} {_what_happened(failure)}; {why}"
     return Event("preemption" if preemption else "failure", time.time(), step,
                  failure.rank if failure.rank >= 0 else None, failure.node if failure.rank >= 0 else None,
-                 cause, checkpoint, max(0, step - checkpoint_step(checkpoint)), True).to_dict()
+                 cause, checkpoint, max(0, step - checkpoint_step(checkpoint)), True)
 
 
 def _what_happened(failure: FailureSummary) -> str:
@@ -74,7 +93,7 @@ def _what_happened(failure: FailureSummary) -> str:
     return failure.cause if failure.lost == "peer" else f"failed: {failure.cause}"
 
 
-def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) -> list[dict[str, Any]]:
+def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) -> list[Event]:
     """What the metrics table shows: preemption checkpoints Ray Train restarted from at
     the deadline, and every change of world size."""
     events = []
@@ -82,22 +101,21 @@ def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) ->
         if r["rank"] == 0 and r.get("preempted_node"):
             events.append(Event("preemption", r["time"], int(r["step"]), None, r["preempted_node"],
                                 "the node's preemption notice", checkpoint_dir_name(int(r["step"])), 0,
-                                True).to_dict())
+                                True))
     for before, after in zip(stretches, stretches[1:]):
         at = [r["time"] for r in rows if r["step"] == before["to_step"]]
         events.append(Event("resize", max(at) if at else None, before["to_step"], None, None,
-                            f"world size {before['world_size']} -> {after['world_size']}").to_dict())
+                            f"world size {before['world_size']} -> {after['world_size']}"))
     return events
 
 
-def attribute_hangs(restarts: list[dict[str, Any]], hangs: list[dict[str, Any]]
-                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def attribute_hangs(restarts: list[Event], hangs: list[Event]) -> tuple[list[Event], list[Event]]:
     """The restarts Ray Train made, each that followed a hang the watch declared told as
     that hang (its rank, node and cause; where it restarted from and the steps lost are
     the restart's), and the hangs no restart followed (the run stopped there)."""
     out, pending = list(restarts), []
-    for hang in sorted(hangs, key=lambda e: e["time"]):
-        k = next((i for i, e in enumerate(out) if e["type"] == "failure" and (e["time"] or 0) > hang["time"]),
+    for hang in sorted(hangs, key=lambda e: e.time or 0.0):
+        k = next((i for i, e in enumerate(out) if e.type == "failure" and (e.time or 0) > (hang.time or 0)),
                  None)
         if k is None:
             pending.append(hang)
@@ -106,43 +124,37 @@ def attribute_hangs(restarts: list[dict[str, Any]], hangs: list[dict[str, Any]]
     return out, pending
 
 
-def restarted_after_hang(hang: dict[str, Any], restart: dict[str, Any]) -> dict[str, Any]:
+def restarted_after_hang(hang: Event, restart: Event) -> Event:
     """The hang, told with the restart that followed it: where the new group started
     from; the steps lost count from the hang's step too (the watch knows it from the
     heartbeats)."""
-    restarted = restart.get("restarted", restart.get("from_checkpoint") is not None)
-    since = checkpoint_step(restart.get("from_checkpoint"))
-    lost = max(restart.get("steps_lost") or 0, hang["step"] - since) if restarted else 0
-    return {**hang, "from_checkpoint": restart.get("from_checkpoint"), "restarted": restarted, "steps_lost": lost}
+    since = checkpoint_step(restart.from_checkpoint)
+    lost = max(restart.steps_lost, (hang.step or 0) - since) if restart.restarted else 0
+    return dataclasses.replace(hang, from_checkpoint=restart.from_checkpoint, restarted=restart.restarted,
+                               steps_lost=lost)
 
 
-def merge_events(*lists: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def merge_events(*lists: list[Event]) -> list[Event]:
     """Every event once, in time order; where two lists hold the same one (a preemption
     the driver restarted from is in the table too), the earlier list's record wins."""
     seen, out = set(), []
     for event in (e for events in lists for e in events):  # the first list's record wins
-        kind = event["type"]
-        key = (kind, event.get("from_checkpoint")) if kind == "preemption" else \
-            (kind, event["step"]) if kind == "resize" else (kind, event["time"])
+        key = (event.type, event.from_checkpoint) if event.type == "preemption" else \
+            (event.type, event.step) if event.type == "resize" else (event.type, event.time)
         if key not in seen:
             seen.add(key)
             out.append(event)
-    return sorted(out, key=lambda e: e["time"] or 0.0)
+    return sorted(out, key=lambda e: e.time or 0.0)
 
 
-def count_restarts(events: list[dict[str, Any]]) -> int:
+def count_restarts(events: list[Event]) -> int:
     """Restarts of the worker group: the failures, hangs and preemptions it went on from
-    (from a checkpoint or from scratch; a record older than ``restarted`` is told by its
-    checkpoint)."""
-    return sum(1 for e in events if e["type"] in ("failure", "hang", "preemption") and is_restart(e))
+    (from a checkpoint or from scratch)."""
+    return sum(1 for e in events if e.type in ("failure", "hang", "preemption") and e.restarted)
 
 
-def is_restart(event: dict[str, Any]) -> bool:
-    return bool(event.get("restarted", event.get("from_checkpoint")))
-
-
-def where_restarted(event: dict[str, Any]) -> str:
+def where_restarted(event: Event) -> str:
     """'restarted from step-00000800' / 'restarted from scratch', or '' (no restart)."""
-    if not is_restart(event):
+    if not event.restarted:
         return ""
-    return f"restarted from {event.get('from_checkpoint') or 'scratch'}"
+    return f"restarted from {event.from_checkpoint or 'scratch'}"

@@ -10,8 +10,8 @@ from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.plan import WorkerPlan
 from ray_ddp.cluster.placement import PlacementConfig
-from ray_ddp.driver.events import (attribute_hangs, failure_event, merge_events, restarted_after_hang,
-                                   table_events)
+from ray_ddp.driver.events import (Event, attribute_hangs, failure_event, from_records, merge_events,
+                                   restarted_after_hang, table_events)
 from ray_ddp.driver.hangs import HangMonitor
 from ray_ddp.driver.failures import describe_loss, summarize_failure
 from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig, RestartState, decide_restart
@@ -38,8 +38,8 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     restarts = RestartState()
     policy = RestartPolicyConfig(placement.elastic, cfg.max_failures, cfg.max_preemptions)
     earlier = read_events(store, run_path)  # of the commands before this one
-    events: list[dict[str, Any]] = []  # this command's
-    pending: list[dict[str, Any]] = []  # hangs that ended a fit (no restart within it followed)
+    events: list[Event] = []  # this command's
+    pending: list[Event] = []  # hangs that ended a fit (no restart within it followed)
     write_status(store, run_path, "running", cfg, placement, run_id=start.run_id)
     monitor = HangMonitor(cfg.hang_timeout, store, run_path, echo)
     try:
@@ -57,7 +57,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
                 break
             except TrainingError as err:
                 if pending and err.failure is not None:  # the watch ended the group: say why
-                    err.args = (pending[-1]["cause"].removeprefix("hang: "),)
+                    err.args = (pending[-1].cause.removeprefix("hang: "),)
                 scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
                 decision = _decide_restart(err, restarts, policy, store, run_path, scan)
                 if decision is None:  # Ray's controller failed: no rank to name, nothing to decide
@@ -96,10 +96,10 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
                  if table is not None else merge_events(earlier + events))
 
 
-def controller_events(store: StorageConfig, run_path: str) -> list[dict[str, Any]]:
+def controller_events(store: StorageConfig, run_path: str) -> list[Event]:
     """The worker-group restarts the metrics callback saw within one fit (progress.json)."""
     try:
-        return (read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}).get("events") or []
+        return from_records((read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}).get("events"))
     except ValueError:
         return []
 

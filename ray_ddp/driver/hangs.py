@@ -122,20 +122,20 @@ class HangWatch:
 class HangMonitor:
     """The driver's side: a thread that polls the watch, and on a hang writes the stacks,
     says the line, records the event and ends the group. ``hangs``: the events so far
-    (driver/events.py's fields; where the run restarted from is filled in later)."""
+    (where the run restarted from is filled in later)."""
 
     def __init__(self, timeout_s: float, store, run_path: str, echo: Callable[[str], None]):
         import ray
 
         self.timeout_s, self.store, self.run_path, self.echo = timeout_s, store, run_path, echo
-        self.hangs: list[dict[str, Any]] = []
+        self.hangs: list[Event] = []
         self.actor = ray.remote(num_cpus=0)(HangWatch).remote(timeout_s) if timeout_s > 0 else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ray_ddp-hang-watch", daemon=True)
         if self.actor is not None:
             self._thread.start()
 
-    def take_hangs(self) -> list[dict[str, Any]]:
+    def take_hangs(self) -> list[Event]:
         """The hangs declared since the last call."""
         hangs, self.hangs = self.hangs, []
         return hangs
@@ -178,7 +178,7 @@ class HangMonitor:
                 where = f"stacks not written ({type(err).__name__}: {err})"
             event = hang_event(stall, ranks, stacks)
             self.hangs.append(event)
-            self.echo(f"{event['cause']}; {where}; ending the worker group")
+            self.echo(f"{event.cause}; {where}; ending the worker group")
         finally:
             ended = end_group(list(ranks.values()), _kill_ray, _alive_ray)
             if not ended:
@@ -209,7 +209,7 @@ class HangMonitor:
         return stacks
 
 
-def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, dict]) -> dict[str, Any]:
+def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, dict]) -> Event:
     """The hang as an event (driver/events.py), its cause the one line to print."""
     stuck = sorted(r for r in ranks if not stacks[r]["waiting"])
     waiting = sorted(r for r in ranks if stacks[r]["waiting"])
@@ -223,7 +223,7 @@ def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, 
         cause += f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} in one"
     first = stuck[0] if stuck else None
     return Event("hang", time.time(), stall["step"], first,
-                 (ranks[first]["ip"] or ranks[first]["node"]) if first is not None else None, cause).to_dict()
+                 (ranks[first]["ip"] or ranks[first]["node"]) if first is not None else None, cause)
 
 
 def write_stacks(fs, folder: str, stacks: dict[int, dict[str, Any]]) -> None:

@@ -15,7 +15,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
-from ray_ddp.driver.events import where_restarted
+from ray_ddp.driver.events import Event, from_records, where_restarted
 from ray_ddp.storage import PROGRESS_FILE, StorageConfig, read_json
 
 
@@ -43,12 +43,12 @@ def format_straggler(s: dict[str, Any]) -> str:
             f"({(s.get('node_id') or '?')[:12]})")
 
 
-def format_event(e: dict[str, Any]) -> str:
+def format_event(e: Event) -> str:
     """A worker-group restart Ray Train made itself, or a resize, as one line."""
-    if e["type"] == "resize":
-        return f"resize after step {e['step']}: {e['cause']}"
-    redo = e.get("steps_lost") or 0
-    return (f"{e['type']} after step {e['step']}: {e['cause']}; {where_restarted(e) or 'not restarted'}"
+    if e.type == "resize":
+        return f"resize after step {e.step}: {e.cause}"
+    redo = e.steps_lost
+    return (f"{e.type} after step {e.step}: {e.cause}; {where_restarted(e) or 'not restarted'}"
             + (f": {redo} step{'s' if redo != 1 else ''} to redo" if redo else ""))
 
 
@@ -111,7 +111,7 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     told = len(seen.get("preemptions") or []) if seen else 0  # preemptions already printed
     # Ray Train's restarts and resizes already printed (a new controller starts its list
     # afresh, so they are told apart by their time, not counted)
-    told_events = {(e["type"], e["time"]) for e in (seen.get("events") or [] if seen else [])}
+    told_events = {(e.type, e.time) for e in from_records(seen.get("events") if seen else None)}
     stop = threading.Event()
 
     shown = None  # (step, time) of the report shown last
@@ -135,9 +135,9 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
         for event in events[told:]:
             (bar.write if bar else echo)(format_preemption(event))
         told = len(events)
-        for event in p.get("events") or []:
-            if (event["type"], event["time"]) not in told_events:
-                told_events.add((event["type"], event["time"]))
+        for event in from_records(p.get("events")):
+            if (event.type, event.time) not in told_events:
+                told_events.add((event.type, event.time))
                 (bar.write if bar else echo)(format_event(event))
         # a write that only added an event or a new group's nodes is not a new report
         report = (p.get("step"), p.get("report_time", p["time"]))

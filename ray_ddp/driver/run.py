@@ -23,6 +23,7 @@ from ray_ddp.data.saved import open_saved_datasets
 from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
+from ray_ddp.driver.events import from_records
 from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.start import StartState, find_start
 from ray_ddp.driver.status import read_events
@@ -97,7 +98,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
             raise
         marks["fitted"] = time.time()  # the last step's report and checkpoint are done
     summary = write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
-    close_run_tracking(tracking, store, cfg, summary.to_dict(), summary.events or [], "FINISHED", echo)
+    close_run_tracking(tracking, store, cfg, summary.to_dict(), from_records(summary.events), "FINISHED", echo)
     return summary
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Optional
+from typing import Optional
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.driver.events import Event, from_records, to_records
 from ray_ddp.storage import STATUS_FILE, StorageConfig, read_json, write_json
 
 
-def read_events(store: StorageConfig, run_path: str) -> list[dict[str, Any]]:
+def read_events(store: StorageConfig, run_path: str) -> list[Event]:
     """The events status.json holds from earlier commands of the run."""
     try:
-        return (read_json(store.fs, f"{run_path}/{STATUS_FILE}") or {}).get("events") or []
+        return from_records((read_json(store.fs, f"{run_path}/{STATUS_FILE}") or {}).get("events"))
     except ValueError:
         return []
 
@@ -36,7 +37,7 @@ def new_run_id() -> str:
 def write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConfig,
                  placement: PlacementConfig, error: Optional[str] = None,
                  stretches: Optional[list[dict[str, int]]] = None,
-                 events: Optional[list[dict[str, Any]]] = None, run_id: Optional[str] = None) -> None:
+                 events: Optional[list[Event]] = None, run_id: Optional[str] = None) -> None:
     """status.json: what `ray-ddp runs` shows. ``created`` and ``run_id`` (the folder's
     own id, what tracking finds the run by: ``run_id`` given for a folder that has none
     yet) survive resumes, and so do
@@ -56,5 +57,5 @@ def write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConf
         "epochs": cfg.epochs, "world_size": stretches[-1]["world_size"] if stretches else placement.workers,
         "workers": cfg.workers, "world_sizes": stretches,
         "gpus_per_worker": placement.gpus_per_worker, "model": cfg.model, "error": error,
-        "events": old.get("events", []) if events is None else events,
+        "events": old.get("events", []) if events is None else to_records(events),
     })

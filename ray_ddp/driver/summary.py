@@ -151,7 +151,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         wall_samples_per_s=stats.get("wall_samples_per_s"),
         train_samples_per_s=stats.get("train_samples_per_s"),
         **{k: stats.get(k) for k in ("tokens_per_s", "data_wait_s", "data_wait_share", "grad_norm", "mfu")},
-        events=read_events(store, run_path),
+        events=[e.to_dict() for e in read_events(store, run_path)],
         checkpoint=store.uri_of(cfg.name, scan.latest) if scan.latest else None,
         metrics=store.uri_of(cfg.name, METRICS_FILE) if table is not None else None,
         resumed_from=resumed_from,

@@ -13,6 +13,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.storage import PROGRESS_FILE, StorageConfig, read_json
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.errors import ConfigError
+from ray_ddp.driver.events import Event
 from ray_ddp.observe.mlflow_tracking import INSTALL_HINT, check_server, finish_tracking, log_events, open_tracking
 
 
@@ -38,7 +39,7 @@ def open_run_tracking(cfg: TrainConfig, identity: str, location: str):
 
 
 def close_run_tracking(tracking, store: StorageConfig, cfg: TrainConfig, summary: Optional[dict],
-                       events: list, status: str, echo: Callable[[str], None]) -> None:
+                       events: list[Event], status: str, echo: Callable[[str], None]) -> None:
     """The events, the summary's numbers and (local storage) the final model.pt; the
     MLflow run ended with ``status``. A server that failed is a warning, never an error:
     the run itself is in its folder."""

@@ -12,7 +12,7 @@ import pyarrow as pa
 from ray.train import UserCallback
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json, write_table
 from ray_ddp.checkpoint.retention import prune_checkpoints
-from ray_ddp.driver.events import Event, restart_event
+from ray_ddp.driver.events import Event, restart_event, to_records
 from ray_ddp.driver.failures import FailureSummary
 from ray_ddp.observe.schema import COLUMNS, EVAL_SCHEMA, SCHEMA, eval_row, unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
@@ -35,7 +35,7 @@ class MetricsCallback(UserCallback):
         self._evals: list[dict[str, Any]] = []
         self._stragglers = StragglerState()
         self._preemptions: list[dict[str, Any]] = []  # shown by the driver as they come
-        self._events: list[dict[str, Any]] = []  # worker-group restarts within this fit
+        self._events: list[Event] = []  # worker-group restarts within this fit
         self._restart_recorded = False  # observe/restarts.py recorded the group's restart
         self._nodes: dict[str, Any] = {}  # rank -> node ID of the group now running
         self._progress: dict[str, Any] = {}  # progress.json as last written
@@ -77,7 +77,7 @@ class MetricsCallback(UserCallback):
         if windows[-1][0].get("preempted_node") and checkpoint is not None:
             self._preemptions.append(describe_preemption(windows[-1][0], progress["checkpoint"]))
         progress["preemptions"] = self._preemptions
-        progress["events"] = self._events  # restarts Ray Train made itself (--max-failures)
+        progress["events"] = to_records(self._events)  # restarts Ray Train made itself (--max-failures)
         progress["mlflow_failed"] = self._tracking_failed
         self._last_step = self._group_step = int(windows[-1][0]["step"])
         # where each rank runs: the driver names the rank and node of a failure with it
@@ -118,11 +118,11 @@ class MetricsCallback(UserCallback):
         self._nodes, self._group_step = nodes, None
         self._write_progress({**self._progress, "nodes": nodes, "time": time.time()})
 
-    def add_event(self, event: dict[str, Any]) -> None:
+    def add_event(self, event: Event) -> None:
         """A restart, in progress.json at once: the driver says it as it happens."""
         self._events.append(event)
         self._restart_recorded = True
-        self._write_progress({**self._progress, "events": self._events, "nodes": self._nodes,
+        self._write_progress({**self._progress, "events": to_records(self._events), "nodes": self._nodes,
                               "time": time.time()})
 
     def _write_progress(self, progress: dict[str, Any]) -> None:
@@ -135,7 +135,7 @@ class MetricsCallback(UserCallback):
         """Record an event when this report opens a new worker group within this fit (its
         ranks' first rows carry ``started_at``) and RestartRecorder did not record its
         restart as it happened (its hooks are Ray's DeveloperAPI: a fallback that holds
-        if they stop being called). driver/events.py's fields."""
+        if they stop being called)."""
         if self._last_step is None or not any(m.get("started_at") is not None for m in first_window):
             return
         if self._restart_recorded:
@@ -156,7 +156,7 @@ class MetricsCallback(UserCallback):
         after = len(first_window)
         if before != after:
             self._events.append(Event("resize", time.time(), int(last), None, None,
-                                      f"world size {before} -> {after}").to_dict())
+                                      f"world size {before} -> {after}"))
 
     def _track(self, window: list[dict[str, Any]]) -> None:
         """--mlflow: the window over every rank as MLflow metrics at its step; on the

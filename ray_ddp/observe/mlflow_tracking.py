@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
+from ray_ddp.driver.events import Event
 from ray_ddp.errors import ConfigError
 
 RUN_TAG = "ray_ddp.run"  # the run's name, for people reading the MLflow UI
@@ -165,7 +166,7 @@ def log_window(cfg: MlflowConfig, step: int, metrics: dict[str, float]) -> bool:
         return False
 
 
-def log_events(cfg: MlflowConfig, events: list[dict]) -> bool:
+def log_events(cfg: MlflowConfig, events: list[Event]) -> bool:
     """Failures, hangs, preemptions and resizes: a count per type at each one's step (they
     show on MLflow's charts) and the list as JSON in tag ray_ddp.events. False on failure."""
     try:
@@ -174,15 +175,14 @@ def log_events(cfg: MlflowConfig, events: list[dict]) -> bool:
         counts: dict[str, int] = {}
         batch = []
         for e in events:
-            kind = str(e.get("type") or "event")
-            counts[kind] = counts.get(kind, 0) + 1
-            stamp = int(float(e.get("time") or time.time()) * 1000)
-            batch.append(Metric(f"events.{kind}", counts[kind], stamp, int(e.get("step") or 0)))
+            counts[e.type] = counts.get(e.type, 0) + 1
+            stamp = int(float(e.time or time.time()) * 1000)
+            batch.append(Metric(f"events.{e.type}", counts[e.type], stamp, int(e.step or 0)))
         client = _client(cfg.uri)
         for i in range(0, len(batch), 1000):  # MLflow's limit of metrics per request
             client.log_batch(cfg.run_id, metrics=batch[i:i + 1000])
         # the first events that fit, so the tag stays valid JSON under MLflow's limit
-        kept = list(events)
+        kept = [e.to_dict() for e in events]
         text = json.dumps(kept, separators=(",", ":"), default=str)
         while len(text) > MAX_TAG_VALUE and kept:
             kept.pop()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Optional
 from ray_ddp.errors import ConfigError
-from ray_ddp.driver.events import where_restarted
+from ray_ddp.driver.events import Event, from_records, where_restarted
 from ray_ddp.storage import EVAL_FILE, METRICS_FILE, STATUS_FILE, StorageConfig, read_json, read_table, resolve_storage
 from ray_ddp.observe.schema import rank_mean
 
@@ -27,7 +27,7 @@ class ReportSummary:
     slowest_step_time_s: float
     median_step_time_s: float
     files: list[str]
-    events: list[dict] = field(default_factory=list)  # status.json's, marked on the loss plot
+    events: list[Event] = field(default_factory=list)  # status.json's, marked on the loss plot
 
     def text(self) -> str:
         ratio = self.slowest_step_time_s / self.median_step_time_s if self.median_step_time_s else 1.0
@@ -35,9 +35,9 @@ class ReportSummary:
                  f"slowest rank: {self.slowest_rank} ({self.slowest_step_time_s:.4f} s of own work per "
                  f"report on average, {ratio:.2f}x the median rank's {self.median_step_time_s:.4f} s)"]
         for e in self.events:
-            where = f" rank {e['rank']}" if e.get("rank") is not None else ""
+            where = f" rank {e.rank}" if e.rank is not None else ""
             then = f"; {where_restarted(e)}" if where_restarted(e) else ""
-            lines.append(f"{e['type']} at step {e['step']}:{where} {e['cause']}{then}")
+            lines.append(f"{e.type} at step {e.step}:{where} {e.cause}{then}")
         return "\n".join(lines)
 
 
@@ -87,10 +87,10 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
            if evals is not None else f"{name}: training loss")
     events = _events_of(store, name)
     labelled: set[str] = set()
-    for event in (e for e in events if e.get("step") is not None):
-        ax.axvline(event["step"], color="red" if event["type"] in ("failure", "hang") else "gray",
-                   linestyle=":", label=None if event["type"] in labelled else event["type"])
-        labelled.add(event["type"])
+    for event in (e for e in events if e.step is not None):
+        ax.axvline(event.step, color="red" if event.type in ("failure", "hang") else "gray",
+                   linestyle=":", label=None if event.type in labelled else event.type)
+        labelled.add(event.type)
     ax.legend()
     save(fig, "loss.png")
     for column, ylabel, filename in (
@@ -119,10 +119,10 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     return summary
 
 
-def _events_of(store: StorageConfig, name: str) -> list[dict]:
+def _events_of(store: StorageConfig, name: str) -> list[Event]:
     """The run's events (status.json): lost workers, preemptions, resizes."""
     try:
-        return (read_json(store.fs, f"{store.run_path(name)}/{STATUS_FILE}") or {}).get("events") or []
+        return from_records((read_json(store.fs, f"{store.run_path(name)}/{STATUS_FILE}") or {}).get("events"))
     except ValueError:
         return []
 

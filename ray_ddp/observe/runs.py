@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.errors import ConfigError
-from ray_ddp.driver.events import count_restarts
+from ray_ddp.driver.events import count_restarts, from_records
 from ray_ddp.storage import PROGRESS_FILE, STATUS_FILE, StorageConfig, read_json, resolve_storage
 from ray_ddp.errors import StorageError
 
@@ -74,7 +74,7 @@ def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunLis
         name=name, state=state, epochs_done=(scan.meta or {}).get("epoch", 0),
         epochs=status.get("epochs"), last_loss=progress.get("loss"), checkpoint=scan.latest,
         world_size=status.get("world_size"), started=status.get("created"),
-        restarts=count_restarts(status.get("events") or []),
+        restarts=count_restarts(from_records(status.get("events"))),
     )
 
 

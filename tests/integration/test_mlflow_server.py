@@ -11,6 +11,7 @@ import pytest
 
 from mlflow.tracking import MlflowClient  # the test extra installs it (ray_ddp[mlflow])
 
+from ray_ddp.driver.events import Event
 from ray_ddp.observe.mlflow_tracking import finish_tracking, log_events, log_window, open_tracking
 
 pytestmark = pytest.mark.ray
@@ -68,18 +69,15 @@ def test_events_and_finish(server, tmp_path):
     client = MlflowClient(tracking_uri=server)
     cfg = open_tracking(server, "run-events", {"lr": 0.1}, experiment="unit", identity="ddd4")
     events = [
-        {"type": "failure", "time": 1_700_000_000.0, "step": 5, "rank": 1, "node": "n1",
-         "cause": "worker died", "from_checkpoint": 4, "steps_lost": 1},
-        {"type": "preemption", "time": 1_700_000_100.0, "step": 9, "rank": None, "node": "n2",
-         "cause": "spot", "from_checkpoint": 8, "steps_lost": 1},
-        {"type": "failure", "time": 1_700_000_200.0, "step": 12, "rank": 0, "node": "n1",
-         "cause": "oom", "from_checkpoint": 12, "steps_lost": 0},
+        Event("failure", 1_700_000_000.0, 5, 1, "n1", "worker died", "step-00000004", 1, True),
+        Event("preemption", 1_700_000_100.0, 9, None, "n2", "spot", "step-00000008", 1, True),
+        Event("failure", 1_700_000_200.0, 12, 0, "n1", "oom", "step-00000012", 0, True),
     ]
     assert log_events(cfg, events)
     failures = client.get_metric_history(cfg.run_id, "events.failure")
     assert sorted((m.step, m.value) for m in failures) == [(5, 1.0), (12, 2.0)]
     assert [(m.step, m.value) for m in client.get_metric_history(cfg.run_id, "events.preemption")] == [(9, 1.0)]
-    assert json.loads(client.get_run(cfg.run_id).data.tags["ray_ddp.events"]) == events
+    assert json.loads(client.get_run(cfg.run_id).data.tags["ray_ddp.events"]) == [e.to_dict() for e in events]
 
     model = tmp_path / "model.pt"
     model.write_bytes(b"weights")

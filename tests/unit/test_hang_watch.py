@@ -3,6 +3,8 @@ says wait in a collective, and how a hang is told once Ray Train restarted the g
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 import threading
 import time
@@ -10,7 +12,7 @@ import time
 import pytest
 
 from ray_ddp.config.checks import parse_profile_steps
-from ray_ddp.driver.events import attribute_hangs
+from ray_ddp.driver.events import Event, attribute_hangs
 from ray_ddp.driver.hangs import WatchState, hang_event
 from ray_ddp.errors import ConfigError
 from ray_ddp.worker.heartbeat import capture_stacks, classify_frame
@@ -86,18 +88,17 @@ def test_the_hang_line_names_the_ranks_outside_a_collective():
     stacks = {0: {"waiting": True, "where": "graph.py:1 in _engine_run_backward"},
               1: {"waiting": False, "where": "reader.py:12 in read"}}
     event = hang_event({"step": 14, "since_s": 20.4}, ranks, stacks)
-    assert event["cause"] == ("hang: no rank finished a step for 20 s after step 14: not in a "
+    assert event.cause == ("hang: no rank finished a step for 20 s after step 14: not in a "
                               "collective: rank 1 on node 10.0.0.8 at reader.py:12 in read; rank 0 waits in one")
-    assert (event["type"], event["rank"], event["node"], event["step"]) == ("hang", 1, "10.0.0.8", 14)
+    assert (event.type, event.rank, event.node, event.step) == ("hang", 1, "10.0.0.8", 14)
 
 
 def test_a_restart_after_a_hang_is_told_as_the_hang():
-    hang = {"type": "hang", "time": 10.0, "step": 14, "rank": 1, "node": "10.0.0.8", "cause": "hang: x",
-            "from_checkpoint": None, "steps_lost": 0}
-    restart = {"type": "failure", "time": 30.0, "step": 10, "rank": None, "node": None, "cause": "restarted",
-               "from_checkpoint": "step-00000010", "steps_lost": 0}
+    hang = Event("hang", 10.0, 14, 1, "10.0.0.8", "hang: x")
+    restart = Event("failure", 30.0, 10, None, None, "restarted", "step-00000010", 0, True)
     told, pending = attribute_hangs([restart], [hang])
-    assert pending == [] and told == [{**hang, "from_checkpoint": "step-00000010", "steps_lost": 4, "restarted": True}]
+    assert pending == [] and told == [dataclasses.replace(hang, from_checkpoint="step-00000010", steps_lost=4,
+                                                          restarted=True)]
     told, pending = attribute_hangs([], [hang])  # the run stopped there: the driver tells it
     assert told == [] and pending == [hang]
 

@@ -12,6 +12,7 @@ import pytest
 from servers import free_port
 
 from ray_ddp.errors import ConfigError
+from ray_ddp.driver.events import Event
 from ray_ddp.observe.mlflow_tracking import MlflowConfig, finish_tracking, log_events, log_window, open_tracking
 
 
@@ -29,7 +30,7 @@ def test_dead_server_mid_run_is_false_quickly():
     cfg = MlflowConfig(uri=f"http://127.0.0.1:{free_port()}", run_id="0" * 32, experiment_id="1")
     start = time.monotonic()
     assert log_window(cfg, 1, {"loss": 1.0}) is False
-    assert log_events(cfg, [{"type": "hang", "time": time.time(), "step": 1}]) is False
+    assert log_events(cfg, [Event("hang", time.time(), 1, None, None, "hang: x")]) is False
     assert finish_tracking(cfg, {"final_loss": 1.0}, "FAILED") is False
     assert time.monotonic() - start < 15  # MLflow alone would retry for minutes
 
