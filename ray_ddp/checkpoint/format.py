@@ -107,27 +107,33 @@ class CheckpointSnapshot:
     hf_config: Optional[str] = None  # hf_config.json's text, for a Hugging Face model only
 
 
+def checkpoint_header(state: TrainState, config: dict[str, Any], rank: int, sharded: bool = False
+                      ) -> dict[str, Any]:
+    """What every checkpoint opens with, in meta.json and in train_state.pt alike, whichever
+    strategy wrote it: where the run stood, the world size that saved it, the rank that
+    saved, the run's config, and its format ("whole": model.pt holds the model; "sharded":
+    DCP's shards, and model.pt only at the run's end)."""
+    return {"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
+            "world_size": len(state.rng), "saved_by_rank": rank, "config": config,
+            "format": "sharded" if sharded else "whole"}
+
+
 def snapshot_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
                         config: dict[str, Any], rank: int, stateful: Optional[dict[str, Any]] = None,
                         reuse: Optional[CheckpointSnapshot] = None) -> CheckpointSnapshot:
     """Copy everything a checkpoint holds (one memory copy of weights and optimizer
     state). ``stateful``: more objects with state_dict() (LR schedule, gradient scaler).
     ``reuse``: a snapshot already written, whose memory the copy goes into."""
+    header = checkpoint_header(state, config, rank)
     return CheckpointSnapshot(
         model=to_cpu(model.state_dict(), reuse.model if reuse else None),
         train_state={
-            "optimizer": to_cpu(optimizer.state_dict(), reuse.train_state["optimizer"] if reuse else None),
-            "epoch": state.epoch,
-            "step": state.step,
-            "epoch_step": state.epoch_step,
+            **header,
             "rng": state.rng,
-            "config": config,
-            "saved_by_rank": rank,
+            "optimizer": to_cpu(optimizer.state_dict(), reuse.train_state["optimizer"] if reuse else None),
             **{name: to_cpu(obj.state_dict()) for name, obj in (stateful or {}).items()},
         },
-        meta={"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
-              "world_size": len(state.rng),
-              "saved_by_rank": rank, "config": config},
+        meta=header,
         hf_config=hf_config_json(model),  # a small string: the config, not the weights
     )
 

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 from torch import nn
-from ray_ddp.checkpoint.format import HF_CONFIG_FILE, MODEL_FILE, STATE_FILE, TrainState, \
+from ray_ddp.checkpoint.format import HF_CONFIG_FILE, MODEL_FILE, STATE_FILE, TrainState, checkpoint_header, \
     hf_config_json, save_counted, to_cpu, write_counted, write_meta
 from ray_ddp.errors import CheckpointError
 from ray_ddp.checkpoint.verify import file_fingerprint
@@ -82,15 +82,14 @@ class ShardedCheckpointWriter:
                                                                         cpu_offload=True))
             snapshot.model = full if self.rank == 0 else None
         if self.rank == 0:
+            header = checkpoint_header(state, config, 0, sharded=True)
             snapshot.train_state = {
-                "epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
-                "rng": state.rng, "config": config, "saved_by_rank": 0, "format": "sharded",
+                **header,
+                "rng": state.rng,
                 NON_TENSORS: to_cpu(rest),  # a copy: training goes on changing param_groups
                 **{name: to_cpu(obj.state_dict()) for name, obj in stateful.items()},
             }
-            snapshot.meta = {"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
-                             "world_size": len(state.rng), "saved_by_rank": 0, "config": config,
-                             "format": "sharded"}
+            snapshot.meta = header
             snapshot.hf_config = hf_config_json(model)
         return snapshot
 

@@ -3,6 +3,7 @@ worker bit for bit, resume on another world size, and export to a plain model.pt
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import tempfile
 import pytest
 import torch
 
-from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, STATE_FILE
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.cli.main import main
 from ray_ddp.models.builtin import build_mlp
@@ -19,6 +20,7 @@ from ray_ddp.checkpoint.sharded import read_model_state
 
 from ._runs import final_hashes, rows_of, run_in_thread, small, summary_of
 from .test_recovery import progress_step, wait_for
+from .test_train import HEADER
 
 pytestmark = pytest.mark.ray
 
@@ -134,3 +136,9 @@ def test_export_consolidates_the_shards_into_a_plain_model_pt(fsdp_runs, storage
     plain.load_state_dict(final)
     assert weights_hash(plain) == epoch_end_hash(rows, 24)
     assert not (storage / "fsdp-mlp" / "step-00000012" / MODEL_FILE).exists(), "only the last gets one"
+    # the header both writers write (a DDP checkpoint's: test_train.py)
+    meta = json.loads((storage / "fsdp-mlp" / "step-00000012" / META_FILE).read_text())
+    state = torch.load(storage / "fsdp-mlp" / "step-00000012" / STATE_FILE, weights_only=True)
+    assert set(meta) == HEADER | {"time", "files"} and HEADER <= set(state)
+    assert (meta["format"], meta["world_size"], meta["step"]) == ("sharded", 2, 12)
+    assert all(meta[k] == state[k] for k in HEADER)

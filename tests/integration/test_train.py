@@ -23,6 +23,7 @@ from ._runs import final_hashes, rows_of, small
 pytestmark = pytest.mark.ray
 
 
+HEADER = {"epoch", "step", "epoch_step", "world_size", "saved_by_rank", "config", "format"}
 REQUIRED_COLUMNS = {"epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time"}
 
 
@@ -65,6 +66,11 @@ def test_checkpoints_written_by_rank_0_only_and_kept_newest(full_run, storage):
     assert (state["epoch"], state["step"], len(state["rng"])) == (3, 30, 2)
     assert state["optimizer"]["state"], "optimizer state (momentum) must be saved"
     assert full_run.checkpoint == str(latest)
+    # one header, in meta.json and train_state.pt alike (an FSDP checkpoint's: test_fsdp.py)
+    meta = json.loads((latest / META_FILE).read_text())
+    assert set(meta) == HEADER | {"time", "files"} and HEADER <= set(state)
+    assert (meta["format"], meta["world_size"], meta["step"]) == ("whole", 2, 30)
+    assert all(meta[k] == state[k] for k in HEADER)
 
 
 def test_checkpoint_loads_into_a_fresh_toy_model_without_ray_ddp(full_run):
