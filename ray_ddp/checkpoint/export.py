@@ -30,6 +30,7 @@ from ray_ddp.errors import ConfigError
 from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import read_model_state
 from ray_ddp.checkpoint import hf_export
+from ray_ddp.models.lora import apply_lora
 from ray_ddp.storage import read_json, resolve_storage
 
 
@@ -118,6 +119,9 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
                             format=format)
     if format == "hf":
         model = hf_export.build_hf_model(transformers, fields, what)
+        lora = (meta.get("config") or {}).get("lora")
+        if lora:  # --lora's adapters: written as PeftModel.from_pretrained loads them over the base
+            model = apply_lora(model, lora, what)
         hf_export.fill(model, state, what)
         summary.architecture, summary.files = type(model).__name__, hf_export.save_hf(model, target)
         return summary

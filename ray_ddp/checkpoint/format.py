@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 # the names live in names.py, which imports no torch; importing them from here still works
+from ray_ddp.models.lora import unwrap_peft
 from ray_ddp.checkpoint.names import (CHECKPOINT_FILES, HF_CONFIG_FILE, META_FILE, MODEL_FILE, STATE_FILE,
                                       checkpoint_dir_name, unexpected_file)
 
@@ -74,8 +75,9 @@ def hf_config_json(model: nn.Module) -> Optional[str]:
 
 def hf_class_name(model: nn.Module) -> str:
     """The model's own class: FSDP2's ``fully_shard`` swaps in a subclass of its own
-    (``FSDPGPT2LMHeadModel``, defined in torch), which transformers does not know."""
-    return next(c for c in type(model).__mro__ if not c.__module__.startswith("torch.")).__name__
+    (``FSDPGPT2LMHeadModel``, defined in torch), which transformers does not know; under
+    --lora's adapters, the class of the model they adapt."""
+    return next(c for c in type(unwrap_peft(model)).__mro__ if not c.__module__.startswith("torch.")).__name__
 
 
 def to_cpu(obj: Any, into: Any = None) -> Any:

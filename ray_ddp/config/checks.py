@@ -15,6 +15,7 @@ from ray_ddp.config.choices import AMP_MODES, BACKENDS, BUILTIN_MODELS, OPTIMIZE
 from ray_ddp.config.workers import parse_workers, worker_range
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.callables import load_callable
+from ray_ddp.config.lora import parse_lora
 
 if TYPE_CHECKING:  # checks take a TrainConfig, which calls them: no import at run time
     from ray_ddp.config.train import TrainConfig
@@ -47,6 +48,8 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError("--static-graph cannot accumulate gradients (DDP's static graph must "
                           "all-reduce on its first micro-batch): drop --grad-accum/--global-batch "
                           "or --static-graph")
+    if cfg.lora is not None:
+        parse_lora(cfg.lora)  # the spec alone: whether it fits the model, on the meta device
     if cfg.max_preemptions < -1:
         raise ConfigError("--max-preemptions must be -1 (no limit), 0 or more")
     if not math.isfinite(cfg.report_interval) or cfg.report_interval < 0:

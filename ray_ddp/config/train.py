@@ -98,6 +98,11 @@ class TrainConfig:
         "recompute activations in backward instead of keeping them (less memory, more "
         "compute): the gpt's blocks through torch.utils.checkpoint (use_reentrant=False), a "
         "Hugging Face model through gradient_checkpointing_enable", default=False)
+    lora: Optional[str] = _opt(
+        "train LoRA adapters (peft) instead of the whole model: r=8,alpha=16,targets=q_proj,v_proj "
+        "(dropout=0.05 too; targets: the end of the adapted layers' module paths, default: "
+        "peft's for a known Hugging Face architecture); the rest is frozen; needs peft",
+        default=None)
     sync_batchnorm: bool = _opt("BatchNorm statistics over the global batch "
                                 "(nn.SyncBatchNorm) instead of each rank's own", default=False)
     find_unused_parameters: bool = _opt("let DDP handle a forward that skips some parameters "

@@ -15,6 +15,7 @@ from ray_ddp.models.activation import apply_activation_checkpointing, check_acti
 from ray_ddp.models.hf import build_hf_model, check_hf_folder, is_hf_model
 from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
 from ray_ddp.models.init import check_init_weights, read_init_weights
+from ray_ddp.models.lora import apply_lora
 from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of
 from ray_ddp.tasks.build import build_task, loss_units_of
 from ray_ddp.tasks.own_loss import unknowable_reduction
@@ -22,9 +23,13 @@ from ray_ddp.tasks.own_loss import unknowable_reduction
 
 def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
     """Build cfg.model on ``devices`` (one device, or a pair for toy-mp); ``given``: a
-    model the Python API passed (an nn.Module, or a callable returning one). With
-    --activation-checkpointing its blocks recompute in backward (models/activation.py)."""
-    return apply_activation_checkpointing(_build_bare_model(cfg, devices, given), cfg)
+    model the Python API passed (an nn.Module, or a callable returning one). With --lora
+    only its adapters train (models/lora.py); with --activation-checkpointing its blocks
+    recompute in backward (models/activation.py)."""
+    model = _build_bare_model(cfg, devices, given)
+    if cfg.lora is not None:
+        model = apply_lora(model, cfg.lora, f"model '{cfg.model}'")
+    return apply_activation_checkpointing(model, cfg)
 
 
 def _build_bare_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from ray_ddp.models.lora import unwrap_peft
 from ray_ddp.tasks.builtin import ClassificationTask, LanguageModelTask, Task
 from ray_ddp.tasks.own_loss import ModelLossTask, UserLossTask
 
@@ -41,7 +42,9 @@ _ROW_HEADS = ("ForSequenceClassification", "ForImageClassification", "ForVideoCl
 def loss_units_of(model: Any) -> Optional[str]:
     """What the model's own loss is a mean over: ``shifted`` (label tokens after the first
     of each row), ``tokens`` (label tokens), ``rows``, or None: not known from the model,
-    so the labels decide (one per row: rows; a sequence each: refused, own_loss.py)."""
+    so the labels decide (one per row: rows; a sequence each: refused, own_loss.py). A
+    model under LoRA adapters (peft) is told by the model under them."""
+    model = unwrap_peft(model)
     config = getattr(model, "config", None)
     kind = getattr(model, "loss_type", None)
     if kind not in _SHIFTED_HEADS + _TOKEN_HEADS + _ROW_HEADS:  # unset, or a loss ray_ddp does not know

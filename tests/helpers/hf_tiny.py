@@ -11,7 +11,7 @@ import torch
 VOCAB = 32
 # head -> what its own loss is a mean over (tasks/build.py loss_units_of)
 UNITS = {"gpt2": "shifted", "llama": "shifted", "t5": "tokens", "bart": "tokens", "masked": "tokens",
-         "token": "tokens", "rows": "rows", "choice": "rows", "custom": None}
+         "token": "tokens", "rows": "rows", "choice": "rows", "custom": None, "gpt2-lora": "shifted"}
 # ray_ddp's own task -> the task's name and the loss of a plain process over all rows
 BUILTIN = {"classify": ("classification", torch.nn.functional.cross_entropy),
            "regress": ("regression", torch.nn.functional.mse_loss)}
@@ -25,7 +25,7 @@ def tiny(kind: str):
 def task_of(kind: str) -> str:
     if kind in BUILTIN:
         return BUILTIN[kind][0]
-    return "lm" if kind in ("gpt2", "llama", "t5", "bart", "masked") else "classification"
+    return "lm" if kind in ("gpt2", "llama", "t5", "bart", "masked", "gpt2-lora") else "classification"
 
 
 def _build(kind: str):
@@ -36,6 +36,10 @@ def _build(kind: str):
         from ray_ddp.models.builtin import build_mlp
 
         return build_mlp(6, 4 if kind == "classify" else 3, 16, 1)
+    if kind == "gpt2-lora":  # --lora's adapters (peft) on the GPT-2 below: only they train
+        from ray_ddp.models.lora import apply_lora
+
+        return apply_lora(_build("gpt2"), "r=2,alpha=4,targets=c_attn", "the tiny GPT-2")
     if kind == "gpt2":
         return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2))
     if kind == "llama":

@@ -150,3 +150,63 @@ def test_a_models_own_loss_is_exact_over_ranks_and_accumulation(ray_local, stora
         # (what an unweighted HF loss gives) differs by percents of it
         moved = (one[key] - start[key]).norm()
         assert (two[key] - one[key]).norm() <= 1e-3 * moved + 1e-6, key
+
+
+def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loads(ray_local, storage,
+                                                                                    tmp_path):
+    """--lora on an hf:DIR GPT-2 under FSDP, 2 workers x 16 rows: 1 epoch, then the same
+    command resumed to 2. Its adapters end as one plain process's that trains the same
+    adapters (the same build_model, so the same first adapters) over each whole 32-row
+    step; the base weights never move; and export --format hf writes the adapters as
+    PeftModel.from_pretrained loads them over the base. (DDP's LoRA step, and FSDP's,
+    against one plain process: test_loss_matrix.py.)"""
+    from peft import PeftModel
+    from torch.utils.data import default_collate
+    from transformers import AutoModelForCausalLM
+
+    from hf_data import CausalText, gpt2
+    from ray_ddp.cli.main import main
+    from ray_ddp.data.sources import epoch_order
+    from ray_ddp.models.build import build_model
+
+    base = tmp_path / "base"
+    gpt2(1).save_pretrained(str(base))
+    data = CausalText(128, seed=4)
+
+    def config(epochs):
+        return TrainConfig(model=f"hf:{base}", lora="r=4,alpha=8,targets=c_attn", strategy="fsdp", workers=2,
+                           batch_size=16, epochs=epochs, optimizer="sgd", lr=0.05, report_every=4,
+                           storage=str(storage), name="hf-lora", quiet=True)
+
+    assert run(config(1), train_data=data).epochs_completed == 1
+    resumed = run(config(2), train_data=data)
+    assert resumed.resumed_from.endswith("step-00000004") and resumed.epochs_completed == 2
+    trained = torch.load(os.path.join(_local(resumed.checkpoint), MODEL_FILE), weights_only=True)
+
+    torch.manual_seed(0)  # the run's seed, as a worker sets it before building the model
+    model = build_model(config(2), [torch.device("cpu")])
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
+    for epoch in range(2):
+        order = epoch_order(len(data), 0, epoch)
+        for step in range(4):
+            batch, _ = default_collate([data[int(i)] for i in order[step * 32:(step + 1) * 32]])
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    want = model.state_dict()
+    adapters = [k for k in want if ".lora_" in k]
+    assert adapters and set(trained) == set(want)
+    for key, value in want.items():
+        if key in adapters:
+            moved = (value - start[key]).norm()
+            assert moved > 0 and (trained[key] - value).norm() <= 1e-3 * moved + 1e-6, key
+        else:
+            assert torch.equal(trained[key], start[key]), f"{key}: a frozen base weight moved"
+
+    out = tmp_path / "adapters"
+    assert main(["export", "hf-lora", "--storage", str(storage), "--format", "hf", "--out", str(out)]) == 0
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(out))
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)), str(out)).state_dict()
+    for key in adapters:
+        torch.testing.assert_close(loaded[key], trained[key], rtol=0, atol=0)

@@ -1,7 +1,7 @@
 """A loss is exact however the global batch is cut, for the field's heads and ray_ddp's
 own tasks, DDP and FSDP. The heads' own losses on 8 ragged rows (labels of different
 lengths, rows with no label token, and one rank's whole second micro-batch with none:
-prompt-only rows); ray_ddp's cross-entropy and mean squared error on its MLP over 7 rows
+prompt-only rows), a GPT-2 under --lora's adapters among them; ray_ddp's cross-entropy and mean squared error on its MLP over 7 rows
 (micro-batches of 2 and 1 rows). Each trained one step by ray_ddp's own step on 1 worker
 taking the whole batch and on 2 workers x 2 micro-batches, against one plain process
 taking the loss over all the rows at once. The same weights, to float tolerance: this is
@@ -24,7 +24,7 @@ from hf_tiny import BUILTIN, rows, tiny  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
-KINDS = ("gpt2", "llama", "t5", "rows", "token", "choice", "custom", *BUILTIN)
+KINDS = ("gpt2", "llama", "t5", "rows", "token", "choice", "custom", "gpt2-lora", *BUILTIN)
 CASES = [(kind, strategy) for kind in KINDS for strategy in ("ddp", "fsdp")]
 GLOBAL_ROWS = 8
 

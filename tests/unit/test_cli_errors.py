@@ -81,6 +81,13 @@ CASES = {
     "ray data with stream": (["--ray-data", "--data", "{tmp}/rows", "--stream"], "--ray-data and --stream"),
     "negative loader workers": (["--loader-workers", "-1"], "--loader-workers must be 0"),
     "unreachable mlflow": (["--mlflow", "http://127.0.0.1:9"], "--mlflow http://127.0.0.1:9 cannot be reached"),
+    "lora rank not a number": (["--lora", "r=eight"], "--lora r=eight: r and alpha are whole numbers"),
+    "lora unknown key": (["--lora", "rank=8"], "unknown key 'rank'; give r, alpha, dropout and targets"),
+    "lora rank 0": (["--lora", "r=0"], "r and alpha must be at least 1"),
+    "lora empty targets": (["--lora", "targets="], "targets not empty"),
+    # the spec fits no layer of the model: on the meta device, before Ray starts
+    "lora targets naming nothing": (["--lora", "r=4,targets=q_proj,v_proj"],
+                                    "--lora r=4,targets=q_proj,v_proj does not fit model 'toy'"),
 }
 
 

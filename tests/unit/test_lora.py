@@ -1,0 +1,49 @@
+"""--lora's spec and its adapters, without Ray: the spec read field by field, the
+adapters put on the model with only them left to train, and a model under them told by
+the model it adapts (its own loss's reduction, its class in a checkpoint)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ray_ddp.checkpoint.format import hf_class_name
+from ray_ddp.config.lora import AdapterConfig, parse_lora
+from ray_ddp.errors import ConfigError
+from ray_ddp.models.lora import apply_lora, is_peft_model, unwrap_peft
+from ray_ddp.tasks.build import loss_units_of
+
+
+@pytest.mark.parametrize("spec, want", [
+    ("r=8,alpha=16,targets=q_proj,v_proj", AdapterConfig(8, 16, 0.0, ("q_proj", "v_proj"))),
+    ("targets=c_attn, r=4", AdapterConfig(4, 16, 0.0, ("c_attn",))),
+    ("r=2,dropout=0.05", AdapterConfig(2, 16, 0.05, None)),
+    ("", AdapterConfig()),
+])
+def test_a_spec_is_read_field_by_field(spec, want):
+    assert parse_lora(spec) == want
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("r=8,r=4", "repeated key 'r'"),
+    ("q_proj", "'q_proj' is not key=value"),
+    ("alpha=1.5", "whole numbers"),
+    ("dropout=1", "dropout in [0, 1)"),
+])
+def test_a_bad_spec_is_one_line(spec, words):
+    with pytest.raises(ConfigError, match=r"^--lora ") as err:
+        parse_lora(spec)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_only_the_adapters_train_and_the_model_under_them_tells_what_it_is():
+    pytest.importorskip("transformers")
+    from hf_tiny import tiny
+
+    model = apply_lora(tiny("gpt2"), "r=2,alpha=4,targets=c_attn", "the tiny GPT-2")
+    assert is_peft_model(model) and not is_peft_model(unwrap_peft(model))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    assert loss_units_of(model) == "shifted"  # a causal LM under them: its labels shift
+    assert hf_class_name(model) == "GPT2LMHeadModel"  # what export --format hf rebuilds
+    assert torch.equal(unwrap_peft(model).transformer.wte.weight, tiny("gpt2").transformer.wte.weight)
