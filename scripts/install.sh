@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Install ray_ddp and its test tools into ./.venv (created if missing). Safe to rerun.
+# Install ray_ddp and its test tools into ./.venv (or $VENV; created if missing). Safe to rerun.
 # torch is pinned and installed FIRST: left to the resolver, a bare `torch` requirement
 # can pull a multi-GB CUDA build onto a machine that has no GPU.
+# pip installs without compiling, then compileall compiles the venv on every core at once:
+# pip compiles the ~24,000 files of torch, Ray and the rest one by one, which was most of
+# the install on 2 cores (benchmarks/install_time.py: docs/performance.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet "torch==${TORCH_VERSION:-2.13.0}"
-.venv/bin/python -m pip install --quiet -e ".[test]"
-.venv/bin/python -c "import torch, ray, ray_ddp; print(f'installed ray_ddp {ray_ddp.__version__}: torch {torch.__version__}, ray {ray.__version__}')"
+VENV="${VENV:-.venv}"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet --no-compile "torch==${TORCH_VERSION:-2.13.0}"
+"$VENV/bin/python" -m pip install --quiet --no-compile -e ".[test]"
+# -j 0: one process per core; a file some package ships that does not compile (test data,
+# Python 2 examples) is one that is never imported, so its error is no reason to stop
+"$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
+"$VENV/bin/python" -c "import torch, ray, ray_ddp; print(f'installed ray_ddp {ray_ddp.__version__}: torch {torch.__version__}, ray {ray.__version__}')"

@@ -158,6 +158,11 @@ BENCHES: dict[str, Bench] = {
     "ray_idle_cpu": Bench("python benchmarks/ray_idle_cpu.py", [Table(columns=[
         ("Ray settings", "settings", "strlist"), ("total CPU-s", "total_cpu_s", "n2"),
         ("window s", "window_s", "str"), ("processes", "processes", "str")])]),
+    "install_time": Bench("python benchmarks/install_time.py --rounds 2", [Table(columns=[
+        ("setup", "setup", "str"), ("install.sh s", "install_s.script", "n1"),
+        ("pip compiling s", "install_s.pip-compiles", "n1"), ("paired install.sh x pip", "paired_ratio", "r3"),
+        ("paired per round", "paired_ratio_all", "r3list"), ("first import s", "first_import_s.script", "n2"),
+        ("pip compiling first import s", "first_import_s.pip-compiles", "n2")])], page="testing.md"),
     "suite_time": Bench("python benchmarks/suite_time.py", [
         Table(columns=[("fast lane s", "fast_lane_s", "n1"), ("fast lane", "fast_lane_summary", "str"),
                        ("bash .ci/run s", "ci_run_s", "n1"), ("of which install and start s", "install_s", "n1"),

@@ -259,6 +259,12 @@ def fake_suite_time(mod, monkeypatch):
     return lambda out: argv_main(monkeypatch, mod, ["--results-dir", out]), 1
 
 
+def fake_install_time(mod, monkeypatch):
+    monkeypatch.setattr(mod, "run_arm", lambda arm: {"arm": arm, "install_s": 60.0 if arm == "script" else 80.0,
+                                                     "first_import_s": 3.5})
+    return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
+
+
 def fake_preemption(mod, monkeypatch):
     monkeypatch.setattr(mod, "run_per_step", lambda args: {
         arm: [{"s_per_step": 0.003 * (1 + i), "calls": 5 * i} for _ in range(args.rounds)]

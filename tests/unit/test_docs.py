@@ -43,6 +43,7 @@ OTHER_TOOLS_FLAGS = {
     "examples/torchrun_script.py, the launch example": {"--steps", "--out", "--epochs"},
     "benchmarks/throughput.py, named in docs/testing.md": {"--preset"},
     "pytest, in docs/testing.md": {"--durations"},
+    "pip and benchmarks/install_time.py, in docs/testing.md": {"--no-compile", "--rounds"},
 }
 
 
