@@ -2,7 +2,8 @@
 weights), local or on the run's storage, built as the architecture its config.json
 names and loaded offline (``local_files_only``: no network is ever needed). Runs on the
 driver (on the meta device, to check it) and on workers. transformers is imported only
-here, and only when a model needs it."""
+here, and only when a model needs it. A folder on a URI is copied once per node
+(``node_copy``), whatever the number of workers there, and kept for a restart."""
 
 from __future__ import annotations
 
@@ -36,19 +37,54 @@ def require_transformers():
 
 @contextlib.contextmanager
 def local_folder(path: str) -> Iterator[str]:
-    """The folder on the local disk: itself, or a temporary copy of a URI's files."""
+    """The folder (or file) on the local disk: itself, or this node's copy of a URI's."""
     if "://" not in path:
         yield os.path.abspath(os.path.expanduser(path))
         return
+    yield node_copy(path)
+
+
+def cache_root() -> str:
+    """Where a node keeps its copies of hf:URI folders and --init-from URIs:
+    $RAY_DDP_HF_CACHE, else ray_ddp_hf_cache in the system's temporary folder."""
+    return os.environ.get("RAY_DDP_HF_CACHE") or os.path.join(tempfile.gettempdir(), "ray_ddp_hf_cache")
+
+
+def node_copy(uri: str) -> str:
+    """One copy per node of the files at ``uri``, however many workers ask: the first to
+    take the node's lock copies them (into a folder beside, renamed into place once
+    whole), the others wait and read the same copy; a rerun or a restart on that node
+    copies nothing. The copy's name comes from the URI and each file's size and
+    modification time, so a folder changed since is copied again; copies are kept until
+    the cache folder is removed."""
+    import fcntl  # not at the top: only a URI needs them (a local folder is read where it is)
+    import hashlib
+
     import pyarrow.fs as pafs
 
-    store = resolve_storage(path)
-    tmp = tempfile.mkdtemp(prefix="ray_ddp_hf_")
-    try:
-        pafs.copy_files(store.path, tmp, source_filesystem=store.fs)
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    store = resolve_storage(uri)
+    info = store.fs.get_file_info(store.path)
+    files = store.fs.get_file_info(pafs.FileSelector(store.path, recursive=True)) \
+        if info.type == pafs.FileType.Directory else [info]
+    stamp = "\n".join(sorted(f"{f.path}:{f.size}:{f.mtime_ns}" for f in files if f.type == pafs.FileType.File))
+    key = hashlib.sha256(f"{uri}\n{stamp}".encode()).hexdigest()[:24]
+    root = cache_root()
+    os.makedirs(root, exist_ok=True)
+    name = os.path.basename(store.path.rstrip("/")) or "model"  # a file keeps its name (.safetensors)
+    folder = os.path.join(root, key)
+    with open(os.path.join(root, f"{key}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if not os.path.isdir(folder):
+            partial = tempfile.mkdtemp(prefix=f"{key}.partial-", dir=root)
+            try:
+                target = os.path.join(partial, name)
+                if info.type == pafs.FileType.Directory:
+                    os.mkdir(target)  # copy_files fills a folder, it does not make one
+                pafs.copy_files(store.path, target, source_filesystem=store.fs)
+                os.rename(partial, folder)
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
+    return os.path.join(folder, name)
 
 
 def check_hf_folder(spec: str) -> None:
