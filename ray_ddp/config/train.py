@@ -232,6 +232,9 @@ class TrainConfig:
         "continues it; needs ray_ddp[mlflow]",
         default=None)
     mlflow_experiment: str = _opt("the MLflow experiment of --mlflow runs", default="ray_ddp")
+    mlflow_parent_run: Optional[str] = _opt(
+        "with --mlflow: the id of an MLflow run to nest this run's under (`ray-ddp tune` nests "
+        "each trial under its search's run)", default=None)
     tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "
                              "(local storage)", default=False)
     # --- output ---

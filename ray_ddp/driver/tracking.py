@@ -35,7 +35,7 @@ def open_run_tracking(cfg: TrainConfig, identity: str, location: str):
         return None
 
     return open_tracking(cfg.mlflow, cfg.name, cfg.to_dict(), cfg.mlflow_experiment, identity=identity,
-                         location=location)
+                         location=location, parent=cfg.mlflow_parent_run)
 
 
 def close_run_tracking(tracking, store: StorageConfig, cfg: TrainConfig, summary: Optional[dict],

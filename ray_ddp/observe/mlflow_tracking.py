@@ -27,6 +27,7 @@ RUN_TAG = "ray_ddp.run"  # the run's name, for people reading the MLflow UI
 # folder deleted and made again, another search's trial-0) share.
 RUN_ID_TAG = "ray_ddp.run_id"
 LOCATION_TAG = "ray_ddp.location"  # the run folder's URI
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI shows the run under that one
 # MLflow's own limits (mlflow/utils/validation.py), kept here so a value over them is cut
 # rather than refused.
 MAX_PARAM_VALUE, MAX_TAG_VALUE, PARAMS_PER_BATCH = 6000, 8000, 100
@@ -89,10 +90,11 @@ def flatten_params(params: dict, prefix: str = "") -> dict[str, str]:
 
 
 def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_ddp", *,
-                  identity: str, location: str = "") -> MlflowConfig:
+                  identity: str, location: str = "", parent: Optional[str] = None) -> MlflowConfig:
     """Find (by ``identity``, the run folder's own id) or create the experiment and this
-    run's MLflow run (the same one on resume), and log the config as params. One-line
-    ConfigError when mlflow or the server is missing."""
+    run's MLflow run (the same one on resume), nested under MLflow run ``parent`` if
+    given, and log the config as params. One-line ConfigError when mlflow or the server
+    is missing."""
     try:
         import mlflow  # noqa: F401
     except ImportError:
@@ -119,8 +121,9 @@ def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_
             client.update_run(run.info.run_id, status="RUNNING")  # a resume continues it
             logged_until = max((m.step for m in client.get_metric_history(run.info.run_id, "loss")), default=0)
         else:
-            run = client.create_run(experiment_id, run_name=run_name,
-                                    tags={RUN_TAG: run_name, RUN_ID_TAG: identity, LOCATION_TAG: location})
+            tags = {RUN_TAG: run_name, RUN_ID_TAG: identity, LOCATION_TAG: location,
+                    **({PARENT_TAG: parent} if parent else {})}
+            run = client.create_run(experiment_id, run_name=run_name, tags=tags)
         log_params(client, run.info.run_id, run.data.params, flatten_params(params), Param)
     except ConfigError:
         raise

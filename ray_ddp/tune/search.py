@@ -22,7 +22,9 @@ from ray_ddp.errors import ConfigError
 from ray_ddp.storage import (EVAL_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_table, resolve_storage, write_json,
                              write_table)
 from ray_ddp.cluster.runtime_env import user_module_paths
-from ray_ddp.tune.space import TuneConfig, pick_candidates, sample_space, trial_config
+from ray_ddp.tune.space import TuneConfig, max_epochs, pick_candidates, sample_space, trial_config
+from ray_ddp.tune.lines import error_line, trial_index, trial_lines
+from ray_ddp.tune.tracking import open_search_tracking, tracked_search
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.cluster.attach import attach_ray
 from ray_ddp.driver.run import open_storage, run
@@ -122,10 +124,12 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
     with attach_ray(base.address, base.verbose,
                     local_cpus=tc.concurrent * workers * (base.cpus_per_worker or 1) + 1):
         check_trials_fit(tc, workers, base.cpus_per_worker or 1, base.gpus_per_worker)
+        tc, tracking = open_search_tracking(tc, name, store, root)  # --mlflow: trials nest under it
         lines = trial_lines(echo, tc)
-        _tuner(tc, name, store, root, echo, lines).fit()
-        rows = collect_trials(tc, name, tune_trials(lines), store, root)
-    write_results(store, root, rows)
+        with tracked_search(tracking, echo) as rows:
+            _tuner(tc, name, store, root, echo, lines).fit()
+            rows.extend(collect_trials(tc, name, tune_trials(lines), store, root))
+            write_results(store, root, rows)
     return rows
 
 
@@ -232,7 +236,7 @@ def collect_trials(tc: TuneConfig, name: str, trials: list, store, root: str) ->
     ``unfinished``, not stopped."""
     rows = []
     for trial in trials:
-        index = _index(trial)
+        index = trial_index(trial)
         run_path = f"{root}/{trial_name(index)}"
         summary = read_json(store.fs, f"{run_path}/{SUMMARY_FILE}") or {}
         last = trial.last_result or {}
@@ -246,30 +250,13 @@ def collect_trials(tc: TuneConfig, name: str, trials: list, store, root: str) ->
                      "val_loss": last.get("val_loss"), "val_accuracy": last.get("val_accuracy"),
                      "val_perplexity": last.get("val_perplexity"),
                      "epochs": ran, "stopped_early": stopped, "unfinished": not ended,
-                     "error": _error_line(trial) if trial.status == "ERROR" else None,
+                     "error": error_line(trial) if trial.status == "ERROR" else None,
                      "run": store.uri_of(name, trial_name(index)),
                      "checkpoint": summary.get("best_checkpoint") or summary.get("checkpoint")
                      or _latest_checkpoint(store, run_path)})
     # best first by the search's metric (val_loss, or the task's)
     rows.sort(key=lambda r: (r[tc.metric] is None, (r[tc.metric] or 0) * (1 if tc.mode == "min" else -1)))
     return rows
-
-
-def _error_line(trial) -> str:
-    """The last line of a failed trial's error (Tune keeps it in a file)."""
-    try:
-        with open(trial.error_file) as f:
-            lines = [line for line in f.read().strip().splitlines() if line.strip()]
-        return lines[-1][:300] if lines else "failed"
-    except (OSError, TypeError):
-        return "failed"
-
-
-def max_epochs(tc: TuneConfig) -> int:
-    """The most epochs a trial runs: ASHA's horizon (epochs may be searched too)."""
-    if "epochs" in tc.search:
-        return int(max(pick_candidates(*tc.search["epochs"])))
-    return int(tc.train.get("epochs") or TrainConfig.epochs)
 
 
 def _latest_checkpoint(store, run_path: str) -> Optional[str]:
@@ -308,43 +295,3 @@ def write_results(store, root: str, rows: list[dict[str, Any]]) -> None:
 
 _ROW_KEYS = {"trial", "val_loss", "val_accuracy", "val_perplexity", "epochs", "stopped_early", "unfinished",
              "error", "run", "checkpoint"}
-
-
-def trial_lines(echo: Callable[[str], None], tc: TuneConfig):
-    """Tune's callback: one line per trial as it starts, stops or ends (Tune's own table
-    is turned off), and Tune's trials once the search has ended (``trials``). Made here,
-    so that importing this module does not import Tune."""
-    from ray.tune import Callback
-
-    class _Lines(Callback):
-        trials: Optional[list] = None
-
-        def on_trial_start(self, iteration, trials, trial, **info):
-            echo(f"trial {_index(trial)} started: {_params(trial, tc)}")
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            last = trial.last_result or {}
-            epochs = int(trial.config.get("epochs") or max_epochs(tc))
-            how = "stopped early by ASHA" if int(last.get("epoch") or 0) < epochs else "finished"
-            echo(f"trial {_index(trial)} {how} after epoch {last.get('epoch')}: val_loss "
-                 f"{_fmt(last.get('val_loss'))}")
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            echo(f"trial {_index(trial)} failed: {_error_line(trial)}")
-
-        def on_experiment_end(self, trials, **info):
-            self.trials = trials
-
-    return _Lines()
-
-
-def _index(trial) -> int:
-    return int(trial.trial_id.rsplit("_", 1)[-1])
-
-
-def _params(trial, tc: TuneConfig) -> str:
-    return ", ".join(f"{k}={_fmt(trial.config.get(k))}" for k in tc.search)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)

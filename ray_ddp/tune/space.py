@@ -25,7 +25,7 @@ TUNE_KEYS = ("search", "scheduler", "metric", "grace_epochs", "trials", "concurr
 _OUTPUT, _TRACKING = "it is output, not a hyperparameter", "tracking is the experiment's"
 UNSEARCHABLE = {"name": "tune names every trial's run itself", "address": "trials run on tune's Ray",
                 "storage": "every trial lives under the experiment's storage", "mlflow": _TRACKING,
-                "mlflow_experiment": _TRACKING, "json": _OUTPUT, "quiet": _OUTPUT,
+                "mlflow_experiment": _TRACKING, "mlflow_parent_run": _TRACKING, "json": _OUTPUT, "quiet": _OUTPUT,
                 "verbose": _OUTPUT, "profile": _OUTPUT}
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
@@ -197,3 +197,10 @@ def _require_int(value: Any, key: str, path: str, least: Optional[int] = None) -
         floor = f", {least} or more" if least is not None else ""
         raise ConfigError(f"{key} must be a whole number{floor} (in {path} or its flag), got {value!r}")
     return value
+
+
+def max_epochs(tc: TuneConfig) -> int:
+    """The most epochs a trial runs: ASHA's horizon (epochs may be searched too)."""
+    if "epochs" in tc.search:
+        return int(max(pick_candidates(*tc.search["epochs"])))
+    return int(tc.train.get("epochs") or TrainConfig.epochs)

@@ -46,9 +46,11 @@ def search_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def searched(ray_local, storage, search_file):
+def searched(ray_local, storage, search_file, mlflow_uri):
     lines: list[str] = []
-    tc = load_tune_config(str(search_file), {"storage": str(storage), "name": "search"})
+    tracked = search_file.with_name("tracked.yaml")  # the same search, tracked in MLflow
+    tracked.write_text(yaml.safe_dump({**yaml.safe_load(search_file.read_text()), "mlflow": mlflow_uri}))
+    tc = load_tune_config(str(tracked), {"storage": str(storage), "name": "search"})
     return run_search(tc, echo=lines.append), lines
 
 
@@ -84,6 +86,24 @@ def test_every_trial_is_a_whole_ray_ddp_run(searched, storage):
         if r["stopped_early"]:  # an interrupted run that its folder can resume
             status = json.loads((storage / "search" / f"trial-{r['trial']}" / "status.json").read_text())
             assert status["state"] == "interrupted"
+
+
+def test_the_search_is_an_mlflow_run_and_each_trial_one_nested_under_it(searched, storage, mlflow_uri):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name("ray_ddp").experiment_id
+    [parent] = client.search_runs([experiment], f"tags.`ray_ddp.location` = '{storage / 'search'}'")
+    best = json.loads((storage / "search" / "best.json").read_text())
+    assert parent.info.status == "FINISHED" and parent.data.tags["ray_ddp.run"] == "search"
+    assert parent.data.metrics["summary.trials"] == 3
+    assert parent.data.metrics["summary.best_val_loss"] == pytest.approx(best["val_loss"])
+    trials = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(t.data.tags["ray_ddp.run"] for t in trials) == ["trial-0", "trial-1", "trial-2"]
+    # each trial's run holds its own windows (a trial ASHA stopped, fewer of them)
+    for t in trials:
+        steps = [m.step for m in client.get_metric_history(t.info.run_id, "loss")]
+        assert steps and len(steps) == len(set(steps)), t.data.tags["ray_ddp.run"]
 
 
 def test_the_preflight_refuses_more_trials_than_the_cluster_holds(ray_local, storage, search_file):
