@@ -42,7 +42,8 @@ IMPORTS = "import torch, ray, ray.train.torch, transformers, pyarrow.parquet, ml
 def install(arm: str, venv: str) -> None:
     if arm == "script":
         subprocess.run(["bash", os.path.join(REPO, "scripts", "install.sh")], check=True,
-                       env={**os.environ, "VENV": venv}, cwd=REPO, stdout=subprocess.DEVNULL)
+                       env={**os.environ, "VENV": venv, "PYTHON": sys.executable}, cwd=REPO,
+                       stdout=subprocess.DEVNULL)  # the interpreter of the other arm
         return
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     py = os.path.join(venv, "bin", "python")

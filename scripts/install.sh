@@ -4,7 +4,7 @@
 # can pull a multi-GB CUDA build onto a machine that has no GPU.
 # pip installs without compiling, then compileall compiles the venv on every core at once:
 # pip compiles the ~24,000 files of torch, Ray and the rest one by one, which was most of
-# the install on 2 cores (benchmarks/install_time.py: docs/performance.md).
+# the install on 2 cores (benchmarks/install_time.py: docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"

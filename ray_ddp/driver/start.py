@@ -17,7 +17,7 @@ from ray_ddp.observe.summarize import early_stop_row
 
 # Fields of the checkpoint's config that must match for a resume to load the weights.
 _SHAPE_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "heads", "seq_len",
-               "vocab_size", "strategy")
+               "vocab_size", "strategy", "lora")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ workers.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 from ray_ddp.config.callables import load_callable
@@ -21,12 +21,16 @@ from ray_ddp.tasks.build import build_task, loss_units_of
 from ray_ddp.tasks.own_loss import unknowable_reduction
 
 
-def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
+def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None,
+                init: Optional[Callable[[nn.Module], Any]] = None) -> nn.Module:
     """Build cfg.model on ``devices`` (one device, or a pair for toy-mp); ``given``: a
-    model the Python API passed (an nn.Module, or a callable returning one). With --lora
-    only its adapters train (models/lora.py); with --activation-checkpointing its blocks
-    recompute in backward (models/activation.py)."""
+    model the Python API passed (an nn.Module, or a callable returning one). ``init``
+    (--init-from's weights, loaded or checked) meets the model itself, before any
+    adapter. With --lora only its adapters train (models/lora.py); with
+    --activation-checkpointing its blocks recompute in backward (models/activation.py)."""
     model = _build_bare_model(cfg, devices, given)
+    if init is not None:
+        init(model)
     if cfg.lora is not None:
         model = apply_lora(model, cfg.lora, f"model '{cfg.model}'")
     return apply_activation_checkpointing(model, cfg)
@@ -100,12 +104,16 @@ def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
     """``--init-from``'s weights against the model's keys and shapes (on the meta device),
     in one line if they do not fit. Runs on the driver."""
     meta = torch.device("meta")
+    weights = read_init_weights(init_from, shapes_only=True)
+
+    def check(model: nn.Module) -> None:
+        check_init_weights(model, weights, cfg.init_strict, init_from)
+
     if isinstance(given, nn.Module):
-        model = given
+        check(given)
     else:
         with meta:
-            model = build_model(cfg, [meta, meta], given)
-    check_init_weights(model, read_init_weights(init_from, shapes_only=True), cfg.init_strict, init_from)
+            build_model(cfg, [meta, meta], given, init=check)
 
 
 def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:

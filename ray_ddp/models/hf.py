@@ -46,8 +46,10 @@ def local_folder(path: str) -> Iterator[str]:
 
 def cache_root() -> str:
     """Where a node keeps its copies of hf:URI folders and --init-from URIs:
-    $RAY_DDP_HF_CACHE, else ray_ddp_hf_cache in the system's temporary folder."""
-    return os.environ.get("RAY_DDP_HF_CACHE") or os.path.join(tempfile.gettempdir(), "ray_ddp_hf_cache")
+    $RAY_DDP_HF_CACHE, else ray_ddp_hf_cache-<uid> in the system's temporary folder (one
+    per user: another user's would not be writable)."""
+    return os.environ.get("RAY_DDP_HF_CACHE") or \
+        os.path.join(tempfile.gettempdir(), f"ray_ddp_hf_cache-{os.getuid()}")
 
 
 def node_copy(uri: str) -> str:
@@ -58,6 +60,7 @@ def node_copy(uri: str) -> str:
     modification time, so a folder changed since is copied again; copies are kept until
     the cache folder is removed."""
     import fcntl  # not at the top: only a URI needs them (a local folder is read where it is)
+    import glob
     import hashlib
 
     import pyarrow.fs as pafs
@@ -75,13 +78,19 @@ def node_copy(uri: str) -> str:
     with open(os.path.join(root, f"{key}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         if not os.path.isdir(folder):
+            for left in glob.glob(os.path.join(root, f"{key}.partial-*")):  # a copier that died
+                shutil.rmtree(left, ignore_errors=True)
             partial = tempfile.mkdtemp(prefix=f"{key}.partial-", dir=root)
             try:
                 target = os.path.join(partial, name)
                 if info.type == pafs.FileType.Directory:
                     os.mkdir(target)  # copy_files fills a folder, it does not make one
                 pafs.copy_files(store.path, target, source_filesystem=store.fs)
-                os.rename(partial, folder)
+                try:
+                    os.rename(partial, folder)
+                except OSError:  # another host's copy, where the cache is shared and flock is not
+                    if not os.path.isdir(folder):
+                        raise
             finally:
                 shutil.rmtree(partial, ignore_errors=True)
     return os.path.join(folder, name)

@@ -14,6 +14,7 @@ from torch import nn
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import ConfigError
+from ray_ddp.models.lora import unwrap_peft
 
 
 def wrap_classes(spec: Optional[str]) -> list:
@@ -45,6 +46,7 @@ def _matches(module: nn.Module, classes: list) -> bool:
 
 def shard_units(model: nn.Module, cfg: TrainConfig) -> list[nn.Module]:
     """The modules sharded as one unit each, before the root, in the model's order."""
+    model = unwrap_peft(model)  # under --lora's adapters: the units of the model they adapt
     if cfg.fsdp_wrap is not None:
         return _outermost(model, wrap_classes(cfg.fsdp_wrap))
     declared = getattr(model, "fsdp_units", None)  # a model that names its own (the gpt's blocks)

@@ -19,6 +19,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ray_ddp.errors import BatchError
+from ray_ddp.models.lora import is_peft_model
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -113,12 +114,15 @@ def _decide_keywords(module: Callable, keys: tuple[str, ...]) -> Optional[tuple[
 
 
 def _unwrapped(model: Callable) -> Callable:
-    """The user's module inside DDP's wrapper or torch.compile's."""
+    """The user's module inside DDP's wrapper, torch.compile's, or --lora's adapters (a
+    PeftModel's forward takes anything and hands it on)."""
     from torch.nn.parallel import DistributedDataParallel
 
     while True:
         if isinstance(model, DistributedDataParallel):
             model = model.module
+        elif is_peft_model(model):
+            model = model.get_base_model()
         elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
             model = model._orig_mod
         else:

@@ -60,9 +60,12 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     0's at wrap time); the checkpoint, loaded into the bare model after wrapping (the
     parameters are the same tensors), makes them the saved ones."""
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, strategy.build_devices(devices), given_model)
-    if plan.init_from is not None:  # a new run's first weights, into the bare model
+
+    def init(model: nn.Module) -> None:  # a new run's first weights, into the bare model (before --lora)
         apply_init_weights(model, read_init_weights(plan.init_from), plan.init_strict, plan.init_from)
+
+    model = build_model(cfg, strategy.build_devices(devices), given_model,
+                        init=init if plan.init_from is not None else None)
     if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     wrapped = strategy.setup_module(model, devices)  # before the optimizer: FSDP's shards

@@ -47,3 +47,35 @@ def test_only_the_adapters_train_and_the_model_under_them_tells_what_it_is():
     assert loss_units_of(model) == "shifted"  # a causal LM under them: its labels shift
     assert hf_class_name(model) == "GPT2LMHeadModel"  # what export --format hf rebuilds
     assert torch.equal(unwrap_peft(model).transformer.wte.weight, tiny("gpt2").transformer.wte.weight)
+
+
+def test_the_model_under_the_adapters_decides_init_weights_units_and_keywords():
+    import dataclasses
+
+    from torch import nn
+
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.models.build import build_model
+    from ray_ddp.parallel.units import shard_units
+    from ray_ddp.tasks.batches import takes_keyword
+
+    cpu = torch.device("cpu")
+    cfg = TrainConfig(model="mlp", input_dim=4, output_dim=2, width=8, depth=2, lora="r=2,targets=0,2")
+    bare = dataclasses.replace(cfg, lora=None)
+    seen = []
+    model = build_model(cfg, [cpu], init=lambda m: seen.append(sorted(m.state_dict())))
+    # --init-from's weights meet the model itself (its own keys), then the adapters go on
+    assert seen == [sorted(build_model(bare, [cpu]).state_dict())] and is_peft_model(model)
+    # FSDP shards the adapted model's layers, not the adapters' wrapper as one unit
+    assert len(shard_units(model, cfg)) == len(shard_units(build_model(bare, [cpu]), bare)) > 1
+
+    class NoLabels(nn.Module):  # a forward that takes no labels: the adapters do not change that
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+
+        def forward(self, input_ids):
+            return self.linear(input_ids)
+
+    adapted = apply_lora(NoLabels(), "r=2,targets=linear", "NoLabels")
+    assert not takes_keyword(adapted, "labels") and takes_keyword(adapted, "input_ids")

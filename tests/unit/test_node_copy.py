@@ -35,6 +35,18 @@ def test_workers_asking_at_once_share_one_copy_that_a_restart_reuses(tmp_path, m
     assert fresh != copy and open(os.path.join(fresh, "model.safetensors"), "rb").read() == b"y" * 2000
 
 
+def test_a_copy_cut_short_is_cleared_and_made_again(tmp_path, monkeypatch):
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    monkeypatch.setenv("RAY_DDP_HF_CACHE", str(tmp_path / "cache"))
+    copy = node_copy(f"file://{source}")
+    folder = os.path.dirname(copy)
+    os.rename(folder, folder + ".partial-dead")  # what a copier killed mid-copy leaves behind
+    assert node_copy(f"file://{source}") == copy and os.path.isfile(os.path.join(copy, "config.json"))
+    assert not [e for e in os.listdir(tmp_path / "cache") if ".partial-" in e]
+
+
 def test_a_single_file_keeps_its_name(tmp_path, monkeypatch):
     weights = tmp_path / "init.safetensors"
     weights.write_bytes(b"z" * 10)
