@@ -24,6 +24,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HELPERS = os.path.join(ROOT, "tests", "helpers")
 
 
+def train_in_one_process(model, data, collate, epochs: int, steps: int, rows: int, lr: float) -> dict:
+    """The single-process reference of a run with the default seed: ray_ddp's SGD
+    (momentum 0.9, the trainable parameters, no clipping) taking the model's own loss
+    over each whole step of ``rows`` rows, in the run's epoch order; its weights after."""
+    from ray_ddp.data.sources import epoch_order
+
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=0.9)
+    for epoch in range(epochs):
+        order = epoch_order(len(data), 0, epoch)
+        for step in range(steps):
+            batch, _ = collate([data[int(i)] for i in order[step * rows:(step + 1) * rows]])
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return model.state_dict()
+
+
 def _local(checkpoint_uri: str) -> str:
     return checkpoint_uri[len("file://"):] if checkpoint_uri.startswith("file://") else checkpoint_uri
 
@@ -126,7 +143,6 @@ def test_a_models_own_loss_is_exact_over_ranks_and_accumulation(ray_local, stora
     from hf_data import CausalText, gpt2
 
     from ray_ddp.data.collate import pad_sequences
-    from ray_ddp.data.sources import epoch_order
 
     data, steps = CausalText(192, seed=3, ragged=True), 3
     cfg = TrainConfig(epochs=1, steps_per_epoch=steps, optimizer="sgd", lr=0.5, report_every=3,
@@ -135,16 +151,9 @@ def test_a_models_own_loss_is_exact_over_ranks_and_accumulation(ray_local, stora
     summary = run(cfg, model=functools.partial(gpt2, 1), train_data=data)
     two = torch.load(os.path.join(_local(summary.checkpoint), MODEL_FILE), weights_only=True)
 
-    model = gpt2(1)  # the single-process reference: ray_ddp's SGD (momentum 0.9), no clipping
+    model = gpt2(1)
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    order = epoch_order(len(data), cfg.seed, 0)
-    for step in range(steps):
-        batch, _ = pad_sequences([data[int(i)] for i in order[step * 64:(step + 1) * 64]])
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    one = model.state_dict()
+    one = train_in_one_process(model, data, pad_sequences, epochs=1, steps=steps, rows=64, lr=0.5)
     for key in two:
         # what training changed agrees to float rounding; a mean of the micro-batches' means
         # (what an unweighted HF loss gives) differs by percents of it
@@ -166,7 +175,6 @@ def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loa
 
     from hf_data import CausalText, gpt2
     from ray_ddp.cli.main import main
-    from ray_ddp.data.sources import epoch_order
     from ray_ddp.models.build import build_model
 
     base = tmp_path / "base"
@@ -186,15 +194,7 @@ def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loa
     torch.manual_seed(0)  # the run's seed, as a worker sets it before building the model
     model = build_model(config(2), [torch.device("cpu")])
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
-    for epoch in range(2):
-        order = epoch_order(len(data), 0, epoch)
-        for step in range(4):
-            batch, _ = default_collate([data[int(i)] for i in order[step * 32:(step + 1) * 32]])
-            model(**batch).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    want = model.state_dict()
+    want = train_in_one_process(model, data, default_collate, epochs=2, steps=4, rows=32, lr=0.05)
     adapters = [k for k in want if ".lora_" in k]
     assert adapters and set(trained) == set(want)
     for key, value in want.items():
