@@ -1,15 +1,13 @@
 """Hugging Face models as people bring them (built from configs: nothing is downloaded):
-a GPT-2 with its own loss, a BERT classifier on padded dict batches, the same BERT from a
-save_pretrained folder through ``--model hf:DIR``, ``--init-from``, ``--format hf``
-export, and LoRA's run, which also holds the exactness of a model's own loss over ranks and
+a GPT-2 with its own loss, a BERT classifier from a save_pretrained folder through
+``--model hf:DIR`` on padded dict batches, ``--init-from``, ``--format hf`` export, and
+LoRA's run, which also holds the exactness of a model's own loss over ranks and
 accumulation steps on ragged rows (against one plain process)."""
 
 from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,8 +17,6 @@ from ray_ddp.checkpoint.format import MODEL_FILE
 
 pytest.importorskip("transformers")  # the [hf] extra; .ci/run installs it with [test]
 pytestmark = pytest.mark.ray
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HELPERS = os.path.join(ROOT, "tests", "helpers")
 
 
 def train_in_one_process(model, data, collate, epochs: int, steps: int, rows: int, lr: float) -> dict:
@@ -94,45 +90,28 @@ def test_export_hf_gives_a_folder_from_pretrained_loads(gpt2_run, storage, tmp_p
         torch.testing.assert_close(value, trained[key], rtol=0, atol=0)
 
 
-def test_a_bert_classifier_learns_from_a_datasets_dataset_padded_by_its_tokenizers_collator(ray_local, storage,
-                                                                                              tmp_path):
+def test_a_bert_folder_learns_from_a_datasets_dataset_padded_by_its_tokenizers_collator(ray_local, storage,
+                                                                                          tmp_path):
     # data as Hugging Face users hold it: dict rows of ragged ids with a `label` column,
     # the training rows a save_to_disk folder given as --data DIR (read by pyarrow), the
     # validation rows a datasets.Dataset given as val_data=; DataCollatorWithPadding
     # (tokenizer) as the collate object; the rows' labels make the model's own loss the
-    # objective. (The CLI test below trains the (input, target) pairs with --collate
-    # ray_ddp.data.collate:pad_sequences.)
+    # objective. The model is a save_pretrained folder given as --model hf:DIR. (Module
+    # paths for --dataset and --collate: test_recovery.py's user model; pad_sequences:
+    # the LoRA run below.)
     from transformers import DataCollatorWithPadding
 
     from hf_data import bert, sentiment_rows, tokenizer
 
+    bert().save_pretrained(str(tmp_path / "bert"))
     sentiment_rows(480, seed=0).save_to_disk(str(tmp_path / "train"))
-    cfg = TrainConfig(workers=2, epochs=6, batch_size=16, optimizer="adamw", lr=3e-3, report_every=10,
-                      data=str(tmp_path / "train"), storage=str(storage), name="hf-bert", quiet=True)
-    summary = run(cfg, model=bert, val_data=sentiment_rows(120, seed=1), collate=DataCollatorWithPadding(tokenizer()))
+    cfg = TrainConfig(model=f"hf:{tmp_path / 'bert'}", workers=2, epochs=6, batch_size=16, optimizer="adamw",
+                      lr=3e-3, report_every=10, data=str(tmp_path / "train"), storage=str(storage), name="hf-bert",
+                      quiet=True)
+    summary = run(cfg, val_data=sentiment_rows(120, seed=1), collate=DataCollatorWithPadding(tokenizer()))
     assert summary.steps == 6 * 15  # 480 rows at 2 x 16 a step
     assert summary.task == "classification"
     assert summary.val_accuracy > 0.8, summary.val_accuracy  # chance is 1/3
-
-
-def test_the_cli_trains_a_save_pretrained_folder_through_hf_dir(ray_address, tmp_path):
-    from hf_data import bert
-
-    folder = tmp_path / "bert"
-    bert().save_pretrained(str(folder))
-    # a process of its own on the shared Ray (test_cli.py's run starts a Ray of its own)
-    env = {**os.environ, "PYTHONPATH": HELPERS, "RAY_ADDRESS": ray_address}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ray_ddp", "train", "--model", f"hf:{folder}", "--dataset",
-         "hf_data:sentiment_train", "--collate", "ray_ddp.data.collate:pad_sequences", "--val-fraction",
-         "0.2", "--workers", "2", "--epochs", "3", "--batch-size", "16", "--optimizer", "adamw",
-         "--lr", "3e-3", "--storage", str(tmp_path / "runs"), "--name", "bert-dir", "--json", "--quiet"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["task"] == "classification" and summary["val_accuracy"] > 0.6, summary
 
 
 def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loads(ray_local, storage,
