@@ -32,13 +32,6 @@ def test_training_on_parquet_learns_the_teacher(ray_local, storage, tmp_path):
     assert summary.final_loss < 0.1 * variance, (summary.final_loss, variance)
 
 
-def test_a_dataset_whose_last_micro_batches_are_empty_trains(ray_local, storage):
-    summary = run(small(storage, "empty-micro", dataset="user_data:hundred_rows", batch_size=16,
-                        grad_accum=3, epochs=1, warmup_steps=0))
-    assert summary.epochs_completed == 1 and summary.steps == 2  # 96 rows, then the last 4
-    assert sum(r["samples"] for r in rows_of(summary)) == 100  # every row once, none padded
-
-
 @pytest.fixture(scope="module")
 def same_rows_as_parquet(tmp_path_factory):
     """user_data:regression's 600 rows as a parquet file (row groups of 50), so the

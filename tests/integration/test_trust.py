@@ -1,6 +1,7 @@
 """Runs that used to train the wrong thing without a word: a (N,) target, a rank with no
-rows in the last step, the Python API's val_data= with keep_best, a frozen BatchNorm.
-(BatchNorm statistics that differ per rank: test_recovery's BatchNorm run.)"""
+rows in the last step (and accumulation's micro-batches with none), the Python API's
+val_data= with keep_best, a frozen BatchNorm. (BatchNorm statistics that differ per rank:
+test_recovery's BatchNorm run.)"""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def sklearn_style_run(ray_local, storage):
-    """1,281 numpy rows on 2 workers x 32: the last step of each epoch has one row, so
-    rank 1 trains on none; validation from val_data= with keep_best."""
+    """1,281 numpy rows on 2 workers x 32 x 2 accumulation steps: the last step of each
+    epoch has one row, so rank 0's second micro-batch and both of rank 1's are empty;
+    validation from val_data= with keep_best."""
     from user_data import NumpyRegression
     from user_models import frozen_stats_net
 
-    cfg = TrainConfig(workers=2, epochs=5, batch_size=32, optimizer="adamw", lr=3e-3,
+    cfg = TrainConfig(workers=2, epochs=10, batch_size=32, grad_accum=2, optimizer="adamw", lr=3e-3,
                       report_every=10, keep_best=True, storage=str(storage), name="sklearn-style",
                       quiet=True)
     return run(cfg, model=frozen_stats_net, train_data=NumpyRegression(1281),
@@ -42,12 +44,15 @@ def test_a_target_of_shape_n_trains_the_regression_not_a_broadcast(sklearn_style
     assert sklearn_style_run.final_loss < 0.5 and sklearn_style_run.val_loss < 0.5
 
 
-def test_a_rank_without_rows_gives_no_nan(sklearn_style_run):
+def test_a_rank_and_micro_batches_without_rows_give_no_nan(sklearn_style_run):
     rows = rows_of(sklearn_style_run)
     last_step = max(r["step"] for r in rows)
     empty = [r for r in rows if r["step"] == last_step and r["units"] == 0]
-    assert empty, "the last window should hold no rows on one rank (1,281 = 20 x 64 + 1)"
+    assert empty, "the last window should hold no rows on one rank (1,281 = 10 x 128 + 1)"
     assert math.isfinite(sklearn_style_run.final_loss)
+    assert sklearn_style_run.steps == 10 * 11  # 10 steps of 128 rows an epoch, then the last row
+    for epoch in range(1, 11):  # every row once an epoch, none padded
+        assert sum(r["samples"] for r in rows if r["epoch"] == epoch) == 1281, epoch
 
 
 def test_val_data_object_with_keep_best_is_accepted(sklearn_style_run):
