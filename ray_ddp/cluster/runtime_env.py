@@ -25,13 +25,34 @@ def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[st
     """The one place that sets workers' environment: a user model, dataset, loss or
     collate function (``package.module:callable``, or an object the Python API passed,
     which cloudpickle ships by reference to its module) must import on the workers as it
-    did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV)."""
+    did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV); under
+    --hang-timeout, PyTorch's flight recorder records (flight_recorder_env)."""
     modules = user_modules(cfg) + [_module_of(obj) for obj in objects]
     modules = [m for m in modules if m]
     env = importable_env(*modules) if modules else {}
+    extra = flight_recorder_env(cfg.name, cfg.hang_timeout)
     if cfg.strategy == "fsdp" and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        env = {**env, "env_vars": {**env.get("env_vars", {}), **FSDP_MALLOC_ENV}}
+        extra.update(FSDP_MALLOC_ENV)
+    if extra:
+        env = {**env, "env_vars": {**env.get("env_vars", {}), **extra}}
     return env
+
+
+# With the hang watch on, PyTorch's flight recorder keeps each rank's last collectives
+# (a ring of this many; a few hundred KB) for the watch to dump next to the stacks
+# (worker/collectives.py). On NCCL it also dumps itself when the process group times out
+# (a hang the watch missed), to a file on the rank's node.
+FLIGHT_RECORDER_ENTRIES = 2000
+
+
+def flight_recorder_env(name: str, hang_timeout: float) -> dict[str, str]:
+    """The workers' flight recorder settings under --hang-timeout (none where the user's
+    environment sets the recorder's size: theirs is kept)."""
+    if hang_timeout <= 0 or {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(os.environ):
+        return {}
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return {"TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_FR_DUMP_TEMP_FILE": f"/tmp/ray_ddp_collectives_{safe}_rank_"}
 
 
 def user_modules(cfg: TrainConfig) -> list[str]:

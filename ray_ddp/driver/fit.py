@@ -21,6 +21,7 @@ from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_jso
 from ray_ddp.driver.start import StartState, planned_steps
 from ray_ddp.driver.status import read_events, write_status
 from ray_ddp.errors import TrainingError
+from ray_ddp.worker.collectives import START_UP_TIMEOUT_S
 from ray_ddp.observe.summarize import world_stretches
 
 
@@ -157,11 +158,9 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
         train_loop_per_worker,
         train_loop_config=plan,
         **({"datasets": ray_inputs[0], "dataset_config": ray_inputs[1]} if ray_inputs else {}),
-        # on NCCL a hung collective would wait for the process group's timeout (30 min by
-        # default): the hang watch acts first and the timeout still bounds a hang it missed
-        torch_config=TorchConfig(backend=placement.backend, **(
-            {"timeout_s": int(max(300, 2 * cfg.hang_timeout))}
-            if placement.backend == "nccl" and cfg.hang_timeout > 0 else {})),
+        # the process group's timeout: Ray Train's 30 min for the start-up, then (after each
+        # worker's first step) what the hang watch would wait (worker/collectives.py)
+        torch_config=TorchConfig(backend=placement.backend, timeout_s=int(START_UP_TIMEOUT_S)),
         scaling_config=ScalingConfig(
             num_workers=placement.num_workers(),  # (MIN, MAX): Ray's elastic policy
             use_gpu=placement.use_gpu,

@@ -18,15 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 from ray_ddp.driver.events import Event
+from ray_ddp.worker.collectives import MEANT_WAIT_FACTOR
 from ray_ddp.worker.heartbeat import py_spy_dump
 
 # Seconds the watch waits for the ranks' own stacks before asking py-spy on their node.
 STACKS_WAIT_S = 10.0
-
-# A rank in a meant wait (a checkpoint's upload, FSDP's gathers: worker/heartbeat.py
-# meant_wait) is hung only after this many times --hang-timeout: a slow upload is not a
-# hang, one that never ends still is.
-MEANT_WAIT_FACTOR = 10
 
 
 @dataclass
@@ -57,12 +53,15 @@ class WatchState:
 
     def stalled(self, now: float) -> Optional[dict[str, Any]]:
         """{"step", "since_s"} when every rank has run a step and none has made progress
-        for ``timeout_s``; None while any rank is in a meant wait."""
+        for ``timeout_s``; MEANT_WAIT_FACTOR times that while any rank is in a meant wait or
+        its first step (a first compile, the first collective waiting for the slowest
+        start): a group that never finishes its first step is hung too."""
         ranks = list(self.ranks.values())
-        if not ranks or self.asking or any(r["progress"] == 0 or r.get("paused") for r in ranks):
+        if not ranks or self.asking or any(r.get("paused") for r in ranks):
             return None
         since = now - max(r["changed_at"] for r in ranks)
-        if since < self.timeout_s * (MEANT_WAIT_FACTOR if any(r.get("waiting") for r in ranks) else 1):
+        patient = any(r.get("waiting") or r["progress"] == 0 for r in ranks)
+        if since < self.timeout_s * (MEANT_WAIT_FACTOR if patient else 1):
             return None
         return {"step": min(r["step"] for r in ranks), "since_s": since}
 
@@ -106,8 +105,8 @@ class HangWatch:
         self.state.asking = True
         return {rank: dict(r) for rank, r in self.state.ranks.items()}
 
-    def put_stacks(self, rank, pid, text, waiting, where):
-        self.state.stacks[rank] = {"pid": pid, "text": text, "waiting": waiting, "where": where}
+    def put_stacks(self, rank, pid, text, waiting, where, trace=None):
+        self.state.stacks[rank] = {"pid": pid, "text": text, "waiting": waiting, "where": where, "trace": trace}
 
     def stacks(self):
         return self.state.stacks
@@ -227,11 +226,16 @@ def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, 
 
 
 def write_stacks(fs, folder: str, stacks: dict[int, dict[str, Any]]) -> None:
+    """rank-<r>.txt: the verdict, where, and the stacks; rank-<r>.collectives.json: the
+    rank's flight recorder (worker/collectives.py), where it answered with one."""
     fs.create_dir(folder, recursive=True)
     for rank, s in sorted(stacks.items()):
         verdict = "waiting in a collective" if s["waiting"] else "NOT in a collective"
         with fs.open_output_stream(f"{folder}/rank-{rank}.txt") as f:
             f.write(f"rank {rank}: {verdict}, at {s['where']}\n{s['text']}".encode())
+        if s.get("trace"):
+            with fs.open_output_stream(f"{folder}/rank-{rank}.collectives.json") as f:
+                f.write(s["trace"].encode())
 
 
 def _on_node(node_id: str):

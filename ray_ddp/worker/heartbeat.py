@@ -24,6 +24,8 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
+from ray_ddp.worker.collectives import describe_collectives, dump_collectives
+
 # Where a rank that waits for its peers sits: torch.distributed's collectives (and FSDP),
 # DDP's reducer (autograd's backward waits for the gradient all-reduce), and Ray Train's
 # report barrier. The innermost frame outside the standard library decides.
@@ -63,7 +65,7 @@ class Heartbeat:
         """A wait that is the run's own work, however long it takes on a slow disk or
         link: a checkpoint's snapshot and the wait for the previous upload, the epoch's
         weight hash (FSDP gathers), the final model's gather, a profile's export. The
-        watch gives it a larger timeout (driver/hangs.py MEANT_WAIT_FACTOR), not none:
+        watch gives it a larger timeout (MEANT_WAIT_FACTOR x its own), not none:
         an upload that never ends is still a hang. It counts as progress when it ends."""
         self.waiting = True
         try:
@@ -98,7 +100,11 @@ class Heartbeat:
                 command = ray.get(self._beat(), timeout=30)
                 if command == "stacks":
                     text, waiting, where = capture_stacks(self._main)
-                    ray.get(self.watch.put_stacks.remote(self.rank, os.getpid(), text, waiting, where),
+                    # the process group's own record: how far this rank got in the collectives
+                    trace = dump_collectives()
+                    if trace is not None:
+                        text += "\n--- collectives (PyTorch's flight recorder) ---\n" + describe_collectives(trace) + "\n"
+                    ray.get(self.watch.put_stacks.remote(self.rank, os.getpid(), text, waiting, where, trace),
                             timeout=30)
             except Exception:  # a slow or restarting driver: try again at the next beat
                 continue

@@ -33,6 +33,7 @@ from ray_ddp.tasks.builtin import Task
 from ray_ddp.tasks.batches import takes_keyword
 from ray_ddp.tasks.build import build_task
 from ray_ddp.worker.checks import raise_if_not_finite, weights_are_finite
+from ray_ddp.worker.collectives import shorten_collective_timeout
 from ray_ddp.worker.devices import worker_devices
 from ray_ddp.worker.flops import flops_per_token, peak_flops
 from ray_ddp.worker.heartbeat import Heartbeat
@@ -146,6 +147,9 @@ class WorkerRun:
             if self.parts.devices[0].type == "cuda":
                 torch.cuda.synchronize(self.parts.devices[0])  # once: the step really ended
             self.first_report["first_step_at"] = time.time()
+            # every rank has joined and taken a step: from here a collective waits no longer
+            # than the hang watch would (the start-up's 30 min covered the slowest start)
+            shorten_collective_timeout(self.cfg.hang_timeout)
 
     def _close_window(self, epoch: int, save: bool, epoch_end: bool, evaluated: Optional[dict] = None) -> None:
         """End this rank's metrics window (one metrics.parquet row), stop every rank

@@ -58,6 +58,24 @@ def test_the_hung_ranks_stack_shows_the_sleeping_frame(hung_run, storage):
     assert waiting.startswith("rank 0: waiting in a collective") and "backward" in waiting
 
 
+def test_each_ranks_flight_recorder_shows_who_the_collective_waits_for(hung_run, storage):
+    folder = storage / "hung-rank" / "hangs" / "14"
+    record = {rank: json.loads((folder / f"rank-{rank}.collectives.json").read_text()) for rank in (0, 1)}
+    status = {rank: record[rank]["pg_status"]["0"] for rank in (0, 1)}
+    enqueued = {rank: int(status[rank]["last_enqueued_collective"]) for rank in (0, 1)}
+    # rank 0 enqueued the step's gradient all-reduce, which rank 1 (asleep in its forward)
+    # never joined: rank 0's record is one ahead, and that collective is not done
+    assert enqueued[0] == enqueued[1] + 1, status
+    assert int(status[0]["last_completed_collective"]) < enqueued[0], status
+    assert int(status[1]["last_completed_collective"]) == enqueued[1], status
+    assert f"collective {enqueued[0]} enqueued" in (folder / "rank-0.txt").read_text()
+    assert "not done" in (folder / "rank-0.txt").read_text() and "not done" not in (folder / "rank-1.txt").read_text()
+    # the first collectives ran under Ray Train's 30 min, those after the first step under
+    # 11 x --hang-timeout: the watch acts first, the process group's timeout is the backstop
+    timeouts = [e["timeout_ms"] for e in record[0]["entries"]]
+    assert timeouts[0] == 1_800_000 and timeouts[-1] == 110_000 and set(timeouts) == {1_800_000, 110_000}
+
+
 def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(hung_run, storage):
     summary, _, _ = hung_run
     assert summary.profile == f"{storage}/hung-rank/profile"

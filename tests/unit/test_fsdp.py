@@ -169,9 +169,9 @@ def test_fsdp_on_cpu_workers_returns_freed_gather_buffers_to_the_os(monkeypatch)
     from ray_ddp.cluster.runtime_env import worker_runtime_env
 
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    env = worker_runtime_env(fsdp(gpus_per_worker=0))
+    env = worker_runtime_env(fsdp(gpus_per_worker=0, hang_timeout=0))
     assert env["env_vars"]["MALLOC_MMAP_THRESHOLD_"] == str(1 << 20)
-    assert worker_runtime_env(fsdp(gpus_per_worker=1)) == {}  # GPU: the buffers are CUDA memory
-    assert worker_runtime_env(TrainConfig(gpus_per_worker=0)) == {}  # DDP allocates once
+    assert worker_runtime_env(fsdp(gpus_per_worker=1, hang_timeout=0)) == {}  # GPU: the buffers are CUDA memory
+    assert worker_runtime_env(TrainConfig(gpus_per_worker=0, hang_timeout=0)) == {}  # DDP allocates once
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")  # the user's own choice wins
-    assert worker_runtime_env(fsdp(gpus_per_worker=0)) == {}
+    assert worker_runtime_env(fsdp(gpus_per_worker=0, hang_timeout=0)) == {}

@@ -27,7 +27,7 @@ def test_a_run_is_hung_only_when_no_rank_progressed_for_the_timeout():
     w = WatchState(timeout_s=10)
     _beat(w, 0, 0, now=0)
     _beat(w, 1, 0, now=0)
-    assert w.stalled(100) is None  # before the first step: start-up is not watched
+    assert w.stalled(99) is None  # the first step gets 10 x the timeout (a first compile, a slow start)
     _beat(w, 0, 5, now=1)
     _beat(w, 1, 4, now=2)
     assert w.stalled(11) is None  # rank 1 moved 9 s ago
@@ -41,8 +41,20 @@ def test_a_meant_wait_and_a_new_worker_group_are_not_hangs():
     _beat(w, 1, 3, now=0, paused=True)  # waiting for a preemption's deadline
     assert w.stalled(60) is None
     _beat(w, 1, 0, now=61, pid=999)  # a restarted group: the old ranks are forgotten
-    assert set(w.ranks) == {1} and w.stalled(200) is None
-    assert _beat(w, 0, 9, now=201) is None and 0 not in w.ranks  # the old rank 0's late beat is ignored
+    assert set(w.ranks) == {1} and w.stalled(150) is None
+    assert _beat(w, 0, 9, now=151) is None and 0 not in w.ranks  # the old rank 0's late beat is ignored
+
+
+def test_a_group_that_never_finishes_its_first_step_is_hung():
+    from ray_ddp.driver.hangs import MEANT_WAIT_FACTOR
+
+    w = WatchState(timeout_s=10)
+    _beat(w, 0, 0, now=0)
+    _beat(w, 1, 0, now=0)  # both started; neither ever finishes step 1
+    assert w.stalled(now=10 * MEANT_WAIT_FACTOR - 1) is None
+    assert w.stalled(now=10 * MEANT_WAIT_FACTOR + 1) == {"step": 0, "since_s": 10 * MEANT_WAIT_FACTOR + 1}
+    _beat(w, 0, 1, now=5)  # rank 0 finished it; rank 1 has not: still its first step
+    assert w.stalled(now=5 + 10 * MEANT_WAIT_FACTOR - 1) is None
 
 
 def test_ranks_are_asked_for_their_stacks_once():
