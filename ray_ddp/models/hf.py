@@ -3,7 +3,8 @@ weights), local or on the run's storage, built as the architecture its config.js
 names and loaded offline (``local_files_only``: no network is ever needed). Runs on the
 driver (on the meta device, to check it) and on workers. transformers is imported only
 here, and only when a model needs it. A folder on a URI is copied once per node
-(``node_copy``), whatever the number of workers there, and kept for a restart."""
+(``node_copy``), whatever the number of workers there, and kept for a restart; the
+driver reads only its config.json (models/remote.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from ray_ddp.errors import ConfigError
+from ray_ddp.models.remote import is_file, is_uri, small_files
 from ray_ddp.storage import resolve_storage
 
 PREFIX = "hf:"
@@ -97,13 +99,26 @@ def node_copy(uri: str) -> str:
 
 
 def check_hf_folder(spec: str) -> None:
-    """One line if the folder cannot be an hf: model (driver, before Ray starts)."""
+    """One line if the folder cannot be an hf: model (driver, before Ray starts; a URI's
+    folder is asked, not copied)."""
     require_transformers()
     path = spec[len(PREFIX):]
-    with local_folder(path) as folder:
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise ConfigError(f"--model {spec}: {path} has no config.json; give a folder written by "
-                              "save_pretrained (model.save_pretrained(DIR))")
+    found = is_file(f"{path.rstrip('/')}/config.json") if is_uri(path) else \
+        os.path.isfile(os.path.join(os.path.abspath(os.path.expanduser(path)), "config.json"))
+    if not found:
+        raise ConfigError(f"--model {spec}: {path} has no config.json; give a folder written by "
+                          "save_pretrained (model.save_pretrained(DIR))")
+
+
+@contextlib.contextmanager
+def config_folder(path: str) -> Iterator[str]:
+    """A folder holding the model's config.json: the folder itself, or (a URI's) a
+    temporary one with config.json alone (the driver's meta-device build needs no weights)."""
+    if not is_uri(path):
+        yield os.path.abspath(os.path.expanduser(path))
+        return
+    with small_files(path, ["config.json"]) as folder:
+        yield folder
 
 
 def build_hf_model(spec: str, device: torch.device) -> nn.Module:
@@ -111,7 +126,7 @@ def build_hf_model(spec: str, device: torch.device) -> nn.Module:
     device only the architecture (the driver's checks)."""
     transformers = require_transformers()
     path = spec[len(PREFIX):]
-    with local_folder(path) as folder:
+    with (config_folder if device.type == "meta" else local_folder)(path) as folder:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         architecture = (getattr(config, "architectures", None) or [None])[0]
         cls = getattr(transformers, architecture, None) if architecture else None

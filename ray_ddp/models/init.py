@@ -15,6 +15,8 @@ from torch import nn
 
 from ray_ddp.errors import ConfigError
 from ray_ddp.models.hf import local_folder
+from ray_ddp.models.remote import is_uri, list_folder, safetensors_shapes, small_files
+from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, read_model_shapes, read_model_state
 
 _FILES = ("model.pt", "model.safetensors", "pytorch_model.bin")
@@ -24,7 +26,10 @@ def read_init_weights(path: str, shapes_only: bool = False) -> dict[str, torch.T
     """The state_dict at ``path``; ConfigError in one line for anything else. With
     ``shapes_only`` (the driver's check), its tensors on the meta device: names and shapes
     read from the safetensors headers, DCP's metadata or a memory-mapped torch file,
-    never the weights themselves (a 70B model's do not fit the driver)."""
+    never the weights themselves (a 70B model's do not fit the driver); on a URI, without
+    copying them either."""
+    if shapes_only and is_uri(path):
+        return _remote_shapes(path)
     with local_folder(path) as local:
         if os.path.isdir(local):
             return _read_folder(local, path, shapes_only)
@@ -47,6 +52,36 @@ def _read_folder(folder: str, given: str, shapes_only: bool = False) -> dict[str
         return state
     raise ConfigError(f"--init-from {given}: the folder holds none of {', '.join(_FILES)}; give a "
                       "checkpoint folder, a save_pretrained folder or a state_dict file")
+
+
+def _remote_shapes(uri: str) -> dict[str, torch.Tensor]:
+    """read_init_weights(shapes_only=True) of a URI: the same choice of files as
+    _read_folder, each read as little as it can be: DCP's .metadata, safetensors headers;
+    only a torch file (model.pt, .bin), which has no header to read, is copied."""
+    try:
+        entries = list_folder(uri)
+    except FileNotFoundError:
+        raise ConfigError(f"--init-from {uri}: no such file or folder") from None
+    base = uri.rstrip("/")
+    if not entries:  # a single file
+        return safetensors_shapes(uri) if uri.endswith(".safetensors") else _copied_file_shapes(uri, uri)
+    if DCP_METADATA in entries and "model.pt" not in entries:
+        with small_files(uri, [DCP_METADATA]) as folder:
+            return read_model_shapes(folder)
+    for name in _FILES:
+        if name in entries:
+            path = f"{base}/{name}"
+            return safetensors_shapes(path) if name.endswith(".safetensors") else _copied_file_shapes(path, uri)
+    shards = sorted(n for n in entries if n.startswith("model-") and n.endswith(".safetensors"))
+    if shards:
+        return {k: v for shard in shards for k, v in safetensors_shapes(f"{base}/{shard}").items()}
+    raise ConfigError(f"--init-from {uri}: the folder holds none of {', '.join(_FILES)}; give a "
+                      "checkpoint folder, a save_pretrained folder or a state_dict file")
+
+
+def _copied_file_shapes(path: str, given: str) -> dict[str, torch.Tensor]:
+    with local_folder(path) as local:  # this node's copy: a torch file is read memory-mapped
+        return _read_file(local, given, shapes_only=True)
 
 
 def _read_file(path: str, given: str, shapes_only: bool = False) -> dict[str, torch.Tensor]:

@@ -203,6 +203,42 @@ def test_hf_dir_and_init_from_read_a_folder_on_the_runs_storage_by_uri(tmp_path)
     assert set(read_init_weights(uri)) <= set(saved.state_dict())
 
 
+def test_the_driver_reads_a_uris_config_and_headers_never_copying_the_weights(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+    from hf_data import bert
+
+    from ray_ddp.models.hf import build_hf_model, check_hf_folder
+
+    cache = tmp_path / "cache"  # where a node's copies go (models/hf.py node_copy)
+    monkeypatch.setenv("RAY_DDP_HF_CACHE", str(cache))
+    saved = bert()
+    saved.save_pretrained(str(tmp_path / "bert"))
+    saved.save_pretrained(str(tmp_path / "split"), max_shard_size="20KB")  # model-0000k-of-0000n.safetensors
+    assert len(list((tmp_path / "split").glob("model-*.safetensors"))) > 1
+    dcp.save({"model": {"w": torch.ones(2, 3)}}, checkpoint_id=str(tmp_path / "shards"))  # an FSDP checkpoint's form
+    torch.save(saved.state_dict(), tmp_path / "whole.pt")
+
+    check_hf_folder(f"hf:file://{tmp_path / 'bert'}")
+    meta = build_hf_model(f"hf:file://{tmp_path / 'bert'}", torch.device("meta"))
+    assert type(meta).__name__ == "BertForSequenceClassification"
+    with pytest.raises(ConfigError, match="has no config.json"):
+        check_hf_folder(f"hf:file://{tmp_path / 'shards'}")
+    want = {k: tuple(v.shape) for k, v in saved.state_dict().items()}
+    for folder in ("bert", "split", "bert/model.safetensors"):
+        shapes = read_init_weights(f"file://{tmp_path / folder}", shapes_only=True)
+        assert all(t.device.type == "meta" for t in shapes.values())
+        assert {k: tuple(v.shape) for k, v in shapes.items()} == {k: want[k] for k in shapes} and \
+            set(shapes) <= set(want) and len(shapes) >= len(want) - 1, folder  # (one tied weight saved once)
+    assert {k: tuple(v.shape) for k, v in read_init_weights(f"file://{tmp_path / 'shards'}",
+                                                             shapes_only=True).items()} == {"w": (2, 3)}
+    assert not cache.exists(), "the driver copied a folder to check it"
+    # a torch file has no header to read: that one file is copied, memory-mapped
+    assert {k: tuple(v.shape) for k, v in read_init_weights(f"file://{tmp_path / 'whole.pt'}",
+                                                            shapes_only=True).items()} == want
+    with pytest.raises(ConfigError, match="no such file or folder"):
+        read_init_weights(f"file://{tmp_path / 'nothing'}", shapes_only=True)
+
+
 def test_a_forward_gets_the_keys_it_names_and_a_kwargs_forward_gets_them_all():
     from ray_ddp.tasks.batches import takes_keyword
 
