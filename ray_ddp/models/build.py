@@ -16,7 +16,7 @@ from ray_ddp.models.hf import build_hf_model, check_hf_folder, is_hf_model
 from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
 from ray_ddp.models.init import check_init_weights, read_init_weights
 from ray_ddp.models.lora import apply_lora
-from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of
+from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of, tree_map
 from ray_ddp.tasks.build import build_task, loss_units_of
 from ray_ddp.tasks.own_loss import unknowable_reduction
 
@@ -120,8 +120,6 @@ def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None
     """Run the meta-device model on the example batch and ask the task whether its output
     pairs with the target, so a shape mismatch is one line before any worker starts. A
     model that cannot run on the meta device is checked at its first step instead."""
-    from torch.utils._pytree import tree_map
-
     def to_meta(t):
         return torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t
 

@@ -2,7 +2,9 @@
 Runs on workers (and on the driver's meta-device check).
 
 Batches and outputs are walked as pytrees (torch.utils._pytree), so nested tuples, dicts,
-namedtuples and Hugging Face ``ModelOutput``s need no code of their own. The calling
+namedtuples and Hugging Face ``ModelOutput``s need no code of their own. torch keeps that
+module private (no public pytree in torch 2.13): ray_ddp imports it here alone (the step
+and the driver's checks take tree_map from here), and tests/unit/test_pytree.py pins it. The calling
 convention is the field's: a dict batch is passed as keyword arguments when the model's
 forward names its keys or takes ``**kwargs`` (``model(**batch)``, as the Hugging Face
 Trainer does, which also leaves out the keys a forward does not name), whole to a forward

@@ -20,10 +20,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from torch.utils._pytree import tree_map
-
 from ray_ddp.tasks.builtin import Task
-from ray_ddp.tasks.batches import batch_rows, count_tokens, forward, loss_of, to_device, zero_like_graph
+from ray_ddp.tasks.batches import (batch_rows, count_tokens, forward, loss_of, to_device, tree_map,
+                                   zero_like_graph)
 from ray_ddp.worker.parts import TrainParts
 from ray_ddp.worker.window import WindowState
 
