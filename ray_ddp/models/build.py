@@ -14,7 +14,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.activation import apply_activation_checkpointing, check_activation_checkpointing
 from ray_ddp.models.hf import build_hf_model, check_hf_folder, is_hf_model
 from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
-from ray_ddp.models.init import check_init_weights, read_init_weights
+from ray_ddp.models.init import check_init_weights, holds_adapters, read_init_weights
 from ray_ddp.models.lora import apply_lora
 from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of, tree_map
 from ray_ddp.tasks.build import build_task, loss_units_of
@@ -22,17 +22,24 @@ from ray_ddp.tasks.own_loss import unknowable_reduction
 
 
 def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None,
-                init: Optional[Callable[[nn.Module], Any]] = None) -> nn.Module:
+                init: Optional[Callable[[nn.Module], Any]] = None, init_adapters: bool = False) -> nn.Module:
     """Build cfg.model on ``devices`` (one device, or a pair for toy-mp); ``given``: a
     model the Python API passed (an nn.Module, or a callable returning one). ``init``
     (--init-from's weights, loaded or checked) meets the model itself, before any
-    adapter. With --lora only its adapters train (models/lora.py); with
-    --activation-checkpointing its blocks recompute in backward (models/activation.py)."""
+    adapter; weights that hold adapters themselves (``init_adapters``: a --lora run's
+    checkpoint) meet the adapted model. With --lora only its adapters train
+    (models/lora.py); with --activation-checkpointing its blocks recompute in backward
+    (models/activation.py)."""
+    if init_adapters and cfg.lora is None:
+        raise ConfigError(f"--init-from {cfg.init_from} holds LoRA adapters (a --lora run's checkpoint), and this "
+                          "run has none: pass the --lora it was trained with to go on from its adapters")
     model = _build_bare_model(cfg, devices, given)
-    if init is not None:
+    if init is not None and not init_adapters:
         init(model)
     if cfg.lora is not None:
         model = apply_lora(model, cfg.lora, f"model '{cfg.model}'")
+        if init is not None and init_adapters:
+            init(model)
     return apply_activation_checkpointing(model, cfg)
 
 
@@ -113,7 +120,7 @@ def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
         check(given)
     else:
         with meta:
-            build_model(cfg, [meta, meta], given, init=check)
+            build_model(cfg, [meta, meta], given, init=check, init_adapters=holds_adapters(weights))
 
 
 def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:

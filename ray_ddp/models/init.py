@@ -2,7 +2,8 @@
 .bin, .safetensors), a ray-ddp ``model.pt``, another run's checkpoint folder (DDP or FSDP
 shards) or a Hugging Face ``save_pretrained`` folder. Every load is ``weights_only``.
 Runs on the driver (to check the keys before any worker starts) and on workers (to load
-them into the bare model before the strategy sets it up)."""
+them into the bare model before the strategy sets it up; a --lora run's checkpoint, whose
+keys are the adapted model's, into the model under the same --lora)."""
 
 from __future__ import annotations
 
@@ -131,6 +132,12 @@ def check_init_weights(model: nn.Module, state: dict[str, Any], strict: bool, gi
         hint = "; pass --init-strict false to load the keys that match (e.g. for a new head)" if strict \
             and not wrong else ""
         raise ConfigError(f"--init-from {given} does not fit the model: {'; '.join(problems)}{hint}")
+
+
+def holds_adapters(state: dict[str, Any]) -> bool:
+    """Whether a state_dict is a LoRA-adapted model's (peft's names: the model under
+    ``base_model.model.``, the adapters' ``lora_`` weights), as a --lora run saves it."""
+    return any(".lora_" in k for k in state) and any(k.startswith("base_model.model.") for k in state)
 
 
 def apply_init_weights(model: nn.Module, state: dict[str, Any], strict: bool, given: str) -> None:

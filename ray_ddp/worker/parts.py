@@ -15,7 +15,7 @@ from ray_ddp.checkpoint.format import TrainState
 from ray_ddp.checkpoint.resume import load_checkpoint_to_resume
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.build import build_model
-from ray_ddp.models.init import apply_init_weights, read_init_weights
+from ray_ddp.models.init import apply_init_weights, holds_adapters, read_init_weights
 from ray_ddp.parallel.strategy import Strategy
 from ray_ddp.plan import WorkerPlan
 
@@ -61,11 +61,14 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     parameters are the same tensors), makes them the saved ones."""
     torch.manual_seed(cfg.seed)
 
-    def init(model: nn.Module) -> None:  # a new run's first weights, into the bare model (before --lora)
-        apply_init_weights(model, read_init_weights(plan.init_from), plan.init_strict, plan.init_from)
+    weights = read_init_weights(plan.init_from) if plan.init_from is not None else None
+
+    def init(model: nn.Module) -> None:  # a new run's first weights (before --lora, unless they hold adapters)
+        apply_init_weights(model, weights, plan.init_strict, plan.init_from)
 
     model = build_model(cfg, strategy.build_devices(devices), given_model,
-                        init=init if plan.init_from is not None else None)
+                        init=init if weights is not None else None,
+                        init_adapters=weights is not None and holds_adapters(weights))
     if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     wrapped = strategy.setup_module(model, devices)  # before the optimizer: FSDP's shards

@@ -79,3 +79,38 @@ def test_the_model_under_the_adapters_decides_init_weights_units_and_keywords():
 
     adapted = apply_lora(NoLabels(), "r=2,targets=linear", "NoLabels")
     assert not takes_keyword(adapted, "labels") and takes_keyword(adapted, "input_ids")
+
+
+def test_init_from_a_lora_runs_checkpoint_goes_on_from_its_adapters(tmp_path):
+    """A --lora run's model.pt holds the adapted model (peft's names): a new run with the
+    same --lora starts from its base and adapters; one without --lora is told in one line."""
+    import dataclasses
+
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.models.build import build_model, check_init_from
+    from ray_ddp.models.init import apply_init_weights, holds_adapters, read_init_weights
+
+    cpu = torch.device("cpu")
+    cfg = TrainConfig(model="mlp", input_dim=4, output_dim=2, width=8, depth=2, lora="r=2,targets=0,2")
+    trained = build_model(cfg, [cpu])
+    with torch.no_grad():  # what training changed: the adapters (lora_B starts at zero) and nothing else
+        for name, p in trained.named_parameters():
+            if ".lora_" in name:
+                p.add_(torch.randn_like(p))
+    torch.save(trained.state_dict(), tmp_path / "model.pt")
+    given = str(tmp_path / "model.pt")
+    assert holds_adapters(read_init_weights(given, shapes_only=True))
+
+    again = dataclasses.replace(cfg, init_from=given, seed=1)
+    check_init_from(again, None, given)  # the driver's check: the adapted model's keys fit
+    weights = read_init_weights(given)
+    model = build_model(again, [cpu], init=lambda m: apply_init_weights(m, weights, True, given),
+                        init_adapters=True)
+    assert model.state_dict().keys() == trained.state_dict().keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in trained.state_dict().items())
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == \
+        {n for n, p in trained.named_parameters() if p.requires_grad}  # still only the adapters train
+    with pytest.raises(ConfigError, match=r"holds LoRA adapters .* pass the --lora it was trained with"):
+        check_init_from(dataclasses.replace(again, lora=None), None, given)
+    with pytest.raises(ConfigError, match="shapes differ"):  # other adapters: their shapes tell
+        check_init_from(dataclasses.replace(again, lora="r=4,targets=0,2"), None, given)
