@@ -47,7 +47,8 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
         while True:
             try:
                 try:
-                    with show_progress(store, run_path, echo, enabled=not cfg.quiet), \
+                    with show_progress(store, run_path, echo, enabled=not cfg.quiet,
+                                       hangs=lambda: list(monitor.hangs)), \
                             train_controller_env(nccl_hang_env(placement.backend, cfg.hang_timeout)):
                         plan = plan_workers(cfg, scan, objects, init_from, model_loss, monitor.actor,
                                             ray_inputs[2] if ray_inputs else None)

@@ -15,7 +15,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
-from ray_ddp.driver.events import Event, from_records, where_restarted
+from ray_ddp.driver.events import Event, attribute_hangs, from_records, where_restarted
 from ray_ddp.storage import PROGRESS_FILE, StorageConfig, read_json
 
 
@@ -44,11 +44,15 @@ def format_straggler(s: dict[str, Any]) -> str:
 
 
 def format_event(e: Event) -> str:
-    """A worker-group restart Ray Train made itself, or a resize, as one line."""
+    """A worker-group restart Ray Train made itself, or a resize, as one line. A hang's
+    cause was its own line when the watch ended the group: this one says where the new
+    group started."""
     if e.type == "resize":
         return f"resize after step {e.step}: {e.cause}"
     redo = e.steps_lost
-    return (f"{e.type} after step {e.step}: {e.cause}; {where_restarted(e) or 'not restarted'}"
+    cause = "Ray Train restarted the worker group the hang watch ended (within --max-failures)" \
+        if e.type == "hang" else e.cause
+    return (f"{e.type} after step {e.step}: {cause}; {where_restarted(e) or 'not restarted'}"
             + (f": {redo} step{'s' if redo != 1 else ''} to redo" if redo else ""))
 
 
@@ -96,8 +100,10 @@ class _Bar:
 @contextmanager
 def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], None],
                   enabled: bool, terminal: Optional[bool] = None,
-                  every_s: float = 1.0) -> Iterator[None]:
-    """Poll progress.json until the block ends, showing each new report."""
+                  every_s: float = 1.0, hangs: Callable[[], list[Event]] = list) -> Iterator[None]:
+    """Poll progress.json until the block ends, showing each new report. ``hangs``: the
+    hangs the watch declared in this fit so far, so that the restart that followed one is
+    told as that hang's (Ray Train saw only processes the watch killed)."""
     if not enabled:
         yield
         return
@@ -112,6 +118,7 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     # Ray Train's restarts and resizes already printed (a new controller starts its list
     # afresh, so they are told apart by their time, not counted)
     told_events = {(e.type, e.time) for e in from_records(seen.get("events") if seen else None)}
+    hangs_told: set = set()  # the times of the hangs whose restart was told
     stop = threading.Event()
 
     shown = None  # (step, time) of the report shown last
@@ -138,6 +145,9 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
         for event in from_records(p.get("events")):
             if (event.type, event.time) not in told_events:
                 told_events.add((event.type, event.time))
+                unused = [h for h in hangs() if h.time not in hangs_told]
+                [event], left = attribute_hangs([event], unused)
+                hangs_told.update(h.time for h in unused if h not in left)
                 (bar.write if bar else echo)(format_event(event))
         # a write that only added an event or a new group's nodes is not a new report
         report = (p.get("step"), p.get("report_time", p["time"]))

@@ -358,42 +358,31 @@ def dies_on_schedule(folder: str, kills: tuple) -> nn.Module:
     return DiesOnSchedule(folder, kills)
 
 
-class HangsOnRankOne(nn.Module):
-    """The tutorial's ToyModel whose rank 1 stops answering (a stuck read, a deadlocked
-    kernel) at its ``at``-th training forward, in its first life only: its peers wait for
-    it in the gradient all-reduce. With ``slow_save_s``, rank 0's first checkpoint (its
-    first state_dict) takes that long, as a big upload on a slow link does: not a hang."""
+class HangsOnSchedule(DiesOnSchedule):
+    """DiesOnSchedule whose chosen rank stops answering instead of dying (a stuck read, a
+    deadlocked kernel): it sleeps where it would have died, and its peers wait for it in
+    their next collective. With ``slow_save_s``, rank 0's first checkpoint (its first
+    state_dict ever) takes that long, as a big upload on a slow link does: not a hang."""
 
-    def __init__(self, marker: str, at: int, slow_save_s: float = 0.0):
-        super().__init__()
-        self.net1, self.relu, self.net2 = nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)
-        self.marker, self.at, self.calls, self.slow_save_s = marker, at, 0, slow_save_s
+    def __init__(self, folder: str, hangs: tuple, slow_save_s: float = 0.0):
+        super().__init__(folder, hangs)
+        self.slow_save_s = slow_save_s
+
+    def _die(self):
+        import time
+
+        time.sleep(3600)  # the hung frame the stack file must show
 
     def state_dict(self, *args, **kwargs):
         import os
         import time
 
-        import ray.train
-
-        if self.slow_save_s and ray.train.get_context().get_world_rank() == 0 and \
-                not os.path.exists(self.marker + ".saved"):
-            open(self.marker + ".saved", "w").close()
+        saved = os.path.join(self.folder, "saved")
+        if self.slow_save_s and self.rank == 0 and not os.path.exists(saved):
+            open(saved, "w").close()
             time.sleep(self.slow_save_s)
         return super().state_dict(*args, **kwargs)
 
-    def forward(self, x):
-        import os
-        import time
 
-        import ray.train
-
-        self.calls += self.training
-        if self.training and self.calls == self.at and ray.train.get_context().get_world_rank() == 1:
-            if not os.path.exists(self.marker):
-                open(self.marker, "w").close()
-                time.sleep(3600)  # the hung frame the stack file must show
-        return self.net2(self.relu(self.net1(x)))
-
-
-def hangs_on_rank_one(marker: str, at: int, slow_save_s: float = 0.0) -> nn.Module:
-    return HangsOnRankOne(marker, at, slow_save_s)
+def hangs_on_schedule(folder: str, hangs: tuple, slow_save_s: float = 0.0) -> nn.Module:
+    return HangsOnSchedule(folder, hangs, slow_save_s)

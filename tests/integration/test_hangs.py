@@ -1,52 +1,86 @@
-"""A rank that stops answering: the hang watch names it, keeps every rank's stacks,
-ends the worker group and the run goes on from its checkpoint. The same run (one run
-is cheaper than three on two cores) records a --profile trace of steps 3-5 on every
-rank and is tracked in a real MLflow server, then resumed for one more epoch."""
+"""A rank that stops answering, at the moments a real run meets it: the hang watch names
+it, keeps every rank's stacks and flight recorder, ends the worker group, and the run
+goes on from its latest checkpoint or from scratch, each hang one event and one line.
+One run whose rank 1 hangs mid first epoch before any checkpoint, during the first
+epoch's validation (before its checkpoint) and after the first checkpoint (which itself
+takes longer than the timeout: a meant wait, not a hang); then, resumed for one more
+epoch by a second command, after the resume. It ends with the weights of a run that never
+hung (test_train.py's full_run: the same toy, data and schedule). The same run (one run
+is cheaper than several on two cores) records a --profile trace of steps 3-5 on every
+rank and is tracked in a real MLflow server. (A hang in the first step or in a
+checkpoint gets 10 x --hang-timeout: tests/unit/test_hang_watch.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import re
 import time
 
 import pytest
 
-from ray_ddp import TrainConfig, run
+from ray_ddp import run
+from ray_ddp.data.synth_files import write_synthetic
+
+from ._runs import final_hashes, rows_of, small
 
 pytestmark = pytest.mark.ray
+
+HANGS = (
+    (1, "forward", 4),    # life 1: rank 1 in step 4, nothing saved yet: from scratch, 3 steps to redo
+    (1, "validate", 10),  # life 2: rank 1 validating epoch 1, before its checkpoint: from scratch
+    (1, "forward", 15),   # life 3: rank 1 in step 15, after step 10's (slow) checkpoint: from step-10
+    None,                 # life 4: ends the first command (2 epochs)
+    (1, "forward", 3),    # life 5, the second command (resumed at step 20): rank 1 in step 23
+)
+# each hang: (step every rank finished, the checkpoint the new group loaded, steps redone)
+TOLD = [(3, None, 3), (10, None, 10), (14, "step-00000010", 4), (22, "step-00000020", 2)]
+
+
+def hung_config(storage, val, epochs, mlflow_uri):
+    return small(storage, "hung-rank", epochs=epochs, max_failures=3, hang_timeout=10, profile="3-5",
+                 mlflow=mlflow_uri, val_data=val, quiet=False)
 
 
 @pytest.fixture(scope="module")
 def hung_run(ray_local, storage, tmp_path_factory, mlflow_uri):
-    """Rank 1 sleeps in its 15th forward (first life only), under --hang-timeout 10;
-    Ray's own health check would take minutes to notice a process that is alive. Before
-    that, the first checkpoint (step 10) takes 13 s on rank 0, longer than the timeout:
-    a meant wait, which must not be taken for a hang (one hang event, at step 14)."""
-    from user_models import hangs_on_rank_one
+    """The first command: three hangs under --hang-timeout 10 (Ray's own health check
+    would take minutes to notice a process that is alive), then 2 epochs done."""
+    from user_models import hangs_on_schedule
 
-    marker = tmp_path_factory.mktemp("hang") / "hung"
+    folder = tmp_path_factory.mktemp("hang")
+    write_synthetic(str(folder / "val"), rows=64, features=10, targets=5, seed=9)
     lines: list[str] = []
+    model = functools.partial(hangs_on_schedule, str(folder / "lives"), HANGS, 13.0)
     started = time.monotonic()
-    summary = run(TrainConfig(workers=2, epochs=2, steps_per_epoch=10, batch_size=16, report_every=5,
-                              max_failures=1, hang_timeout=10, profile="3-5", mlflow=mlflow_uri,
-                              storage=str(storage),
-                              name="hung-rank", quiet=True),
-                  echo=lines.append, model=functools.partial(hangs_on_rank_one, str(marker), 15, 13.0))
-    return summary, lines, time.monotonic() - started
+    summary = run(hung_config(storage, str(folder / "val"), 2, mlflow_uri), echo=lines.append, model=model)
+    return summary, lines, time.monotonic() - started, model, str(folder / "val")
 
 
-def test_a_hung_rank_is_named_and_the_run_restarts_from_its_checkpoint(hung_run, storage):
-    summary, lines, took = hung_run
+def test_each_hang_is_named_and_the_run_restarts_from_its_checkpoint_or_from_scratch(hung_run, storage):
+    summary, lines, took, _, _ = hung_run
     assert summary.steps == 20 and summary.epochs_completed == 2
-    assert took < 150, f"the run took {took:.0f} s: the watch did not end the hung group"
-    [line] = [x for x in lines if x.startswith("hang:")]
-    assert "after step 14" in line and "not in a collective: rank 1 on node 127.0.0.1 at user_models.py:" in line, line
-    assert "in forward" in line and "rank 0 waits in one" in line, line
-    assert f"stacks in {storage}/hung-rank/hangs/14/" in line, line
-    [event] = [e for e in summary.events if e["type"] == "hang"]
-    assert (event["rank"], event["node"], event["step"]) == (1, "127.0.0.1", 14)
-    assert (event["from_checkpoint"], event["steps_lost"]) == ("step-00000010", 4)
-    assert not [e for e in summary.events if e["type"] == "failure"], summary.events
+    assert took < 240, f"the run took {took:.0f} s: the watch did not end the hung groups"
+    said = [x for x in lines if x.startswith("hang:")]
+    assert len(said) == 3, lines
+    assert "after step 3" in said[0] and "after step 10" in said[1] and "after step 14" in said[2], said
+    for line in said:
+        assert "not in a collective: rank 1 on node 127.0.0.1 at user_models.py:" in line, line
+        assert "rank 0 waits in one" in line, line
+    assert all("in _die" in line for line in said), said  # the sleeping frame (user_models.py)
+    assert f"stacks in {storage}/hung-rank/hangs/14/" in said[2], said
+    events = summary.events
+    assert [e["type"] for e in events] == ["hang"] * 3, events
+    for e, (step, loaded, lost) in zip(events, TOLD):
+        assert (e["rank"], e["node"], e["step"]) == (1, "127.0.0.1", step), e
+        assert (e["from_checkpoint"], e["steps_lost"], e["restarted"]) == (loaded, lost, True), e
+    # the line after each: where the new group started and what it redid, told as the
+    # hang's (Ray Train saw only the processes the watch killed), never as a lost rank
+    restarts = [x for x in lines if re.match(r"(hang|failure) after step", x)]
+    assert restarts == [f"hang after step {step}: Ray Train restarted the worker group the hang watch ended "
+                        f"(within --max-failures); restarted from {loaded or 'scratch'}: {lost} steps to redo"
+                        for step, loaded, lost in TOLD[:3]], lines
     status = json.loads((storage / "hung-rank" / "status.json").read_text())
     assert status["events"] == summary.events
 
@@ -77,7 +111,7 @@ def test_each_ranks_flight_recorder_shows_who_the_collective_waits_for(hung_run,
 
 
 def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(hung_run, storage):
-    summary, _, _ = hung_run
+    summary = hung_run[0]
     assert summary.profile == f"{storage}/hung-rank/profile"
     for rank in (0, 1):
         trace = json.loads((storage / "hung-rank" / "profile" / f"rank-{rank}.pt.trace.json").read_text())
@@ -87,32 +121,38 @@ def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(hung_run, stor
         assert any("addmm" in n for n in names) and any("allreduce" in n.lower() for n in names)
 
 
-def test_mlflow_holds_the_run_and_a_resume_continues_it(hung_run, storage, mlflow_uri):
+def test_a_hang_after_a_resume_and_mlflow_holds_both_commands_once(hung_run, storage, mlflow_uri, full_run):
     from mlflow.tracking import MlflowClient
-    from user_models import hangs_on_rank_one
 
-    summary, _, _ = hung_run
-    marker = storage / "hung-rank-marker"
-    marker.touch()  # no hang this time
-    resumed = run(TrainConfig(workers=2, epochs=3, steps_per_epoch=10, batch_size=16, report_every=5,
-                              max_failures=1, hang_timeout=10, mlflow=mlflow_uri, storage=str(storage),
-                              name="hung-rank", quiet=True),
-                  model=functools.partial(hangs_on_rank_one, str(marker), 15))
+    _, _, _, model, val = hung_run
+    lines: list[str] = []
+    cfg = hung_config(storage, val, 3, mlflow_uri)
+    resumed = run(dataclasses.replace(cfg, max_failures=1), echo=lines.append, model=model)
     assert resumed.steps == 30 and resumed.resumed_from.endswith("step-00000020")
+    [said] = [x for x in lines if x.startswith("hang:")]
+    assert "after step 22" in said and "not in a collective: rank 1" in said, said
+    hangs = [e for e in resumed.events if e["type"] == "hang"]
+    assert [(e["step"], e["from_checkpoint"], e["steps_lost"]) for e in hangs] == TOLD, hangs
+    # four hangs, three restarts from scratch or a checkpoint: the weights of a run that never hung
+    rows = rows_of(resumed)
+    keys = [(r["step"], r["rank"]) for r in rows]
+    assert sorted(keys) == sorted(set(keys)), "each (step, rank) once: a redone step replaces its first try"
+    assert final_hashes(rows) == final_hashes(rows_of(full_run))
+
     client = MlflowClient(mlflow_uri)
     [exp] = [e for e in client.search_experiments() if e.name == "ray_ddp"]
-    [mlrun] = client.search_runs([exp.experiment_id])  # one MLflow run for both commands
-    assert mlrun.info.run_name == "hung-rank" and mlrun.info.status == "FINISHED"
+    [mlrun] = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == "hung-rank"]
+    assert mlrun.info.status == "FINISHED"  # one MLflow run for both commands
     assert mlrun.data.params["workers"] == "2" and mlrun.data.params["hang_timeout"] == "10"
     assert mlrun.data.tags["ray_ddp.param_changed.epochs"] == "was 2, now 3"
     loss = client.get_metric_history(mlrun.info.run_id, "loss")
-    assert sorted(m.step for m in loss) == [5, 10, 15, 20, 25, 30]  # every window once, both commands
+    assert sorted(m.step for m in loss) == [5, 10, 15, 20, 25, 30]  # every window once, redone ones too
     # found by the run folder's own id, not its name
     status = json.loads((storage / "hung-rank" / "status.json").read_text())
     assert mlrun.data.tags["ray_ddp.run_id"] == status["run_id"] and len(status["run_id"]) == 32
     rows = [r for r in json.loads((storage / "hung-rank" / "summary.json").read_text())["events"]]
     assert [e["type"] for e in json.loads(mlrun.data.tags["ray_ddp.events"])] == [e["type"] for e in rows]
-    assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "events.hang")] == [14]
+    assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "events.hang")] == [3, 10, 14, 22]
     assert client.get_metric_history(mlrun.info.run_id, "summary.final_loss")[-1].value == \
         pytest.approx(resumed.final_loss)
     assert [a.path for a in client.list_artifacts(mlrun.info.run_id, "model")] == ["model/model.pt"]

@@ -67,3 +67,27 @@ def test_quiet_shows_nothing(tmp_path):
         write_json(store.fs, f"{tmp_path}/progress.json", progress(5))
         time.sleep(0.2)
     assert lines == []
+
+
+def test_the_restart_after_a_hang_is_told_as_the_hangs(tmp_path):
+    """Ray Train sees only the processes the hang watch killed (a lost rank, at the last
+    step its reports said): the display tells that restart as the hang's, with the hang's
+    step and the steps redone from there; a later failure is still a failure."""
+    from ray_ddp.driver.events import Event
+
+    store = resolve_storage(str(tmp_path))
+    hang = Event("hang", 100.0, 10, 1, "10.0.0.7", "hang: no rank finished a step for 11 s after step 10: ...")
+    killed = Event("failure", 101.0, 0, 0, "10.0.0.7", "rank 0 was lost (its process 7 died); Ray Train "
+                   "restarted the worker group (within --max-failures)", None, 0, True)
+    later = Event("failure", 200.0, 17, 1, "10.0.0.7", "rank 1 was lost (its process 9 died); Ray Train "
+                  "restarted the worker group (within --max-failures)", "step-00000010", 7, True)
+    lines = []
+    with show_progress(store, str(tmp_path), lines.append, enabled=True, every_s=0.05, hangs=lambda: [hang]):
+        write_json(store.fs, f"{tmp_path}/progress.json", progress(None, events=[killed.to_dict()]))
+        time.sleep(0.3)
+        write_json(store.fs, f"{tmp_path}/progress.json",
+                   progress(None, events=[killed.to_dict(), later.to_dict()], time=time.time() + 1))
+    assert lines == [
+        "hang after step 10: Ray Train restarted the worker group the hang watch ended (within "
+        "--max-failures); restarted from scratch: 10 steps to redo",
+        f"failure after step 17: {later.cause}; restarted from step-00000010: 7 steps to redo"]
