@@ -9,6 +9,12 @@ steps; torchrun: rank 0's own clock).
 
     python benchmarks/gpt_tokens.py                     # 2 CPU workers, small sizes
     python benchmarks/gpt_tokens.py --width 512 --depth 8 --seq-len 256 --batch-size 32   # a GPU
+    python benchmarks/gpt_tokens.py --hf                # a Hugging Face GPT-2 on its own loss
+
+With ``--hf`` both arms train a ``transformers`` GPT2LMHeadModel of the same sizes (a
+``save_pretrained`` folder made here) on its own loss, from rows as Hugging Face users hold
+them: a ``datasets`` ``save_to_disk`` folder of ``{input_ids, labels}`` (ray-ddp: ``--model
+hf:DIR --data ROWS``; torchrun: ``model(input_ids=..., labels=...).loss``).
 The figures also go to benchmarks/results/gpt_tokens-<machine>-<date>.json (--results-dir,
 --no-save; see benchmarks/_results.py).
 """
@@ -40,10 +46,13 @@ def run_arm(arm: str, args, data: str) -> float:
     if arm == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.workers}", os.path.join(HERE, "gpt_workload.py"), "--data", data,
-               "--out", out, *sizes(args), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+               "--out", out, *sizes(args), "--warmup", str(args.warmup), "--steps", str(args.steps),
+               *(["--hf-model", os.path.join(data, "model")] if args.hf else [])]
     else:
-        cmd = [sys.executable, "-m", "ray_ddp", "train", "--data", data, "--task", "lm", "--model", "gpt",
-               *sizes(args), "--optimizer", "adamw", "--epochs", "1", "--workers", str(args.workers),
+        model = ["--model", f"hf:{os.path.join(data, 'model')}", "--data", os.path.join(data, "rows")] if args.hf \
+            else ["--data", data, "--task", "lm", "--model", "gpt", *sizes(args)]
+        cmd = [sys.executable, "-m", "ray_ddp", "train", *model, "--batch-size", str(args.batch_size),
+               "--lr", str(args.lr), "--optimizer", "adamw", "--epochs", "1", "--workers", str(args.workers),
                "--report-every", str(args.warmup), "--storage", out, "--name", "run", "--quiet", "--json"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -62,6 +71,22 @@ def run_arm(arm: str, args, data: str) -> float:
     return args.workers * args.batch_size * args.seq_len * args.steps / seconds
 
 
+def write_hf(data: str, rows: int, args) -> None:
+    """DATA/model: a GPT2LMHeadModel of the benchmark's sizes (save_pretrained); DATA/rows:
+    ``rows`` sequences of random tokens as a datasets save_to_disk folder of
+    {input_ids, labels} (labels = input_ids: the model shifts them)."""
+    import datasets
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=args.vocab_size, n_positions=args.seq_len, n_embd=args.width,
+                               n_layer=args.depth, n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0,
+                               attn_pdrop=0.0)).save_pretrained(os.path.join(data, "model"))
+    ids = torch.randint(args.vocab_size, (rows, args.seq_len), generator=torch.Generator().manual_seed(1)).tolist()
+    datasets.Dataset.from_dict({"input_ids": ids, "labels": ids}).save_to_disk(os.path.join(data, "rows"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=2)
@@ -75,6 +100,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed steps, a multiple of --warmup")
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hf", action="store_true",
+                        help="a Hugging Face GPT2LMHeadModel on its own loss, rows from a datasets folder")
     sys.path.insert(0, HERE)
     from _results import add_result_args, save_result
 
@@ -87,8 +114,11 @@ def main() -> None:
     data = tempfile.mkdtemp(prefix="bench_gpt_data_")
     # exactly one epoch of steps, so ray-ddp's derived steps per epoch equal the arms' steps
     rows = args.workers * args.batch_size * (args.warmup + args.steps)
-    write_synthetic(data, rows=rows, features=1, targets=1, task="lm", seq_len=args.seq_len,
-                    vocab_size=args.vocab_size)
+    if args.hf:
+        write_hf(data, rows, args)
+    else:
+        write_synthetic(data, rows=rows, features=1, targets=1, task="lm", seq_len=args.seq_len,
+                        vocab_size=args.vocab_size)
     results: dict[str, list[float]] = {"torchrun": [], "ray-ddp": []}
     for round_no in range(args.rounds):
         arms = ["torchrun", "ray-ddp"] if round_no % 2 == 0 else ["ray-ddp", "torchrun"]
@@ -97,7 +127,8 @@ def main() -> None:
             print(f"round {round_no + 1}/{args.rounds} {arm}: {results[arm][-1]:,.0f} tokens/s", flush=True)
     shutil.rmtree(data, ignore_errors=True)
     base = statistics.median(results["torchrun"])
-    print(f"\ngpt {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
+    name = "hf GPT2LMHeadModel (its own loss, datasets rows)" if args.hf else "gpt"
+    print(f"\n{name} {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
           f"{args.batch_size} sequences/worker, {args.workers} workers, {os.cpu_count()} CPUs")
     print("| arm | tokens/s (median) | x torchrun | rounds |")
     print("|---|---|---|---|")
@@ -110,7 +141,7 @@ def main() -> None:
                   "arms": {arm: {"tokens_per_s": results[arm][i]} for arm in results}, "paired_ratio": paired[i]}
                  for i in range(args.rounds)]
     save_result(args, "gpt_tokens", {
-        "setup": f"gpt {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
+        "setup": f"{name} {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
                  f"{args.batch_size} sequences/worker, {args.workers} workers, {os.cpu_count()} CPUs",
         "baseline": "torchrun", "paired_rounds": args.rounds,
         "tokens_per_s": {arm: statistics.median(v) for arm, v in results.items()},
