@@ -76,6 +76,12 @@ class SavedDataset:
             raise IndexError(index)
         return self.table().slice(index, 1).to_pylist()[0]
 
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        """The rows at ``indices`` in one read (a micro-batch's: data/user.py rows_fetcher)."""
+        if any(not 0 <= i < self._length for i in indices):
+            raise IndexError(indices)
+        return self.table().take(indices).to_pylist()
+
     def __getstate__(self):
         return {**self.__dict__, "_table": None}
 

@@ -24,15 +24,19 @@ LABEL_KEYS = ("labels", "label", "label_ids")
 
 def rows_fetcher(dataset, collate: Optional[Callable] = None) -> Callable:
     """fetch(indices) -> (inputs, targets) of a map-style Dataset, collated; an empty index
-    list gives an empty batch of the right structure (``default_collate([])`` fails)."""
+    list gives an empty batch of the right structure (``default_collate([])`` fails). A
+    Dataset with ``__getitems__`` (a ``datasets.Dataset``, a save_to_disk folder's rows)
+    is asked for the micro-batch's rows at once, as torch's DataLoader asks it."""
     empty = []
+    batched = getattr(dataset, "__getitems__", None)
 
     def fetch(idx: torch.Tensor):
         if len(idx) == 0:
             if not empty:
                 empty.append(empty_batch(collate_items([dataset[0]], collate)))
             return empty[0]
-        return collate_items([dataset[i] for i in idx.tolist()], collate)
+        indices = idx.tolist()
+        return collate_items(list(batched(indices)) if batched else [dataset[i] for i in indices], collate)
 
     return fetch
 

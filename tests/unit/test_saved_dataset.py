@@ -38,6 +38,38 @@ def test_a_saved_split_reads_the_rows_the_dataset_held(saved):
     assert set(x) == {"input_ids", "attention_mask", "labels"} and y is x["labels"]  # `label` made `labels`
 
 
+def test_a_micro_batch_is_read_in_one_call_where_the_dataset_can(saved):
+    import torch
+
+    from ray_ddp.data.user import rows_fetcher
+
+    root, rows = saved
+    ds = SavedDataset(str(root / "train"))
+    assert ds.__getitems__([17, 3, 17]) == [rows[17], rows[3], rows[17]]  # in the order asked
+    with pytest.raises(IndexError):
+        ds.__getitems__([3, 40])
+
+    class Counted(SavedDataset):  # counts how it is asked
+        calls: list = []
+
+        def __getitem__(self, i):
+            self.calls.append("one")
+            return super().__getitem__(i)
+
+        def __getitems__(self, indices):
+            self.calls.append("many")
+            return super().__getitems__(indices)
+
+    counted = Counted(str(root / "train"))
+    fetch = rows_fetcher(counted, lambda items: {"n": torch.tensor([len(items)])})
+    x, _ = fetch(torch.tensor([4, 9, 2]))
+    assert counted.calls == ["many"] and int(x["n"]) == 3
+    plain = [rows[i] for i in range(len(rows))]  # a list has no __getitems__: one by one
+    seen = []
+    rows_fetcher(plain, lambda items: seen.append(items) or {"n": torch.tensor([len(items)])})(torch.tensor([4, 9]))
+    assert seen == [[rows[4], rows[9]]]
+
+
 def test_data_dir_becomes_train_data_rows_and_the_rest_is_one_line(saved, tmp_path):
     root, _ = saved
     cfg, train, val = open_saved_datasets(TrainConfig(data=str(root / "train"), val_data=str(root / "train")),
