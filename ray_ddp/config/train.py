@@ -214,8 +214,9 @@ class TrainConfig:
         "drained for preemption the workers save a checkpoint at the next report and wait for "
         "the restart", default=-1)
     hang_timeout: float = _opt(
-        "seconds without any rank finishing a step (validation batches count as progress, and "
-        "the first step, a checkpoint, FSDP's gathers and a profile's export get 10x this) "
+        "seconds without any rank finishing a step (validation batches count as progress; a "
+        "checkpoint, FSDP's gathers and a profile's export get 10x this, the first step 10x and "
+        "at least 30 min) "
         "before the run is declared hung: every rank's stacks go "
         "to <run>/hangs/<step>/, one line names the ranks not waiting in a collective, and the "
         "worker group is ended and restarted from the latest checkpoint, counted against "

@@ -21,7 +21,7 @@ from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_jso
 from ray_ddp.driver.start import StartState, planned_steps
 from ray_ddp.driver.status import read_events, write_status
 from ray_ddp.errors import TrainingError
-from ray_ddp.worker.collectives import START_UP_TIMEOUT_S
+from ray_ddp.worker.collectives import start_up_timeout_s
 from ray_ddp.observe.summarize import world_stretches
 
 
@@ -159,9 +159,9 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
         train_loop_per_worker,
         train_loop_config=plan,
         **({"datasets": ray_inputs[0], "dataset_config": ray_inputs[1]} if ray_inputs else {}),
-        # the process group's timeout: Ray Train's 30 min for the start-up, then (after each
-        # worker's first step) what the hang watch would wait (worker/collectives.py)
-        torch_config=TorchConfig(backend=placement.backend, timeout_s=int(START_UP_TIMEOUT_S)),
+        # the process group's timeout: longer than the hang watch's patience for the first
+        # step, then (after each worker's first step) its patience after (worker/collectives.py)
+        torch_config=TorchConfig(backend=placement.backend, timeout_s=int(start_up_timeout_s(cfg.hang_timeout))),
         scaling_config=ScalingConfig(
             num_workers=placement.num_workers(),  # (MIN, MAX): Ray's elastic policy
             use_gpu=placement.use_gpu,

@@ -18,11 +18,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 from ray_ddp.driver.events import Event
-from ray_ddp.worker.collectives import MEANT_WAIT_FACTOR
+from ray_ddp.worker.collectives import MEANT_WAIT_FACTOR, describe_collectives, first_step_patience_s
 from ray_ddp.worker.heartbeat import py_spy_dump
 
-# Seconds the watch waits for the ranks' own stacks before asking py-spy on their node.
+# Seconds the watch waits for the ranks' own stacks before asking py-spy on their node,
+# and then for their flight recorders (sent right after the stacks).
 STACKS_WAIT_S = 10.0
+TRACE_WAIT_S = 1.0
 
 
 @dataclass
@@ -53,15 +55,18 @@ class WatchState:
 
     def stalled(self, now: float) -> Optional[dict[str, Any]]:
         """{"step", "since_s"} when every rank has run a step and none has made progress
-        for ``timeout_s``; MEANT_WAIT_FACTOR times that while any rank is in a meant wait or
-        its first step (a first compile, the first collective waiting for the slowest
-        start): a group that never finishes its first step is hung too."""
+        for ``timeout_s``; MEANT_WAIT_FACTOR times that while any rank is in a meant wait,
+        and the start-up's patience (first_step_patience_s: at least 30 min) while any is
+        in its first step: a group that never finishes its first step is hung too."""
         ranks = list(self.ranks.values())
         if not ranks or self.asking or any(r.get("paused") for r in ranks):
             return None
         since = now - max(r["changed_at"] for r in ranks)
-        patient = any(r.get("waiting") or r["progress"] == 0 for r in ranks)
-        if since < self.timeout_s * (MEANT_WAIT_FACTOR if patient else 1):
+        if any(r["progress"] == 0 for r in ranks):
+            patience = first_step_patience_s(self.timeout_s)
+        else:
+            patience = self.timeout_s * (MEANT_WAIT_FACTOR if any(r.get("waiting") for r in ranks) else 1)
+        if since < patience:
             return None
         return {"step": min(r["step"] for r in ranks), "since_s": since}
 
@@ -105,8 +110,13 @@ class HangWatch:
         self.state.asking = True
         return {rank: dict(r) for rank, r in self.state.ranks.items()}
 
-    def put_stacks(self, rank, pid, text, waiting, where, trace=None):
-        self.state.stacks[rank] = {"pid": pid, "text": text, "waiting": waiting, "where": where, "trace": trace}
+    def put_stacks(self, rank, pid, text, waiting, where):
+        self.state.stacks[rank] = {"pid": pid, "text": text, "waiting": waiting, "where": where}
+
+    def put_trace(self, rank, trace):
+        """A rank's flight recorder, sent after its stacks (worker/collectives.py)."""
+        if rank in self.state.stacks:
+            self.state.stacks[rank]["trace"] = trace
 
     def stacks(self):
         return self.state.stacks
@@ -166,6 +176,11 @@ class HangMonitor:
         import ray
 
         ranks = ray.get(self.actor.ask_for_stacks.remote(), timeout=30)
+        if ranks and not any(_alive_or_unknown(r) for r in ranks.values()):
+            # every process is gone: a failure Ray Train restarts the group from (its own
+            # event), not a hang; forget them until the new group beats
+            ray.get(self.actor.retire.remote(), timeout=30)
+            return
         ended = False
         try:
             stacks = self._collect_stacks(ranks)
@@ -198,6 +213,12 @@ class HangMonitor:
                 stacks = ray.get(self.actor.stacks.remote(), timeout=30)
             except Exception:
                 break
+        if stacks:  # each rank's flight recorder follows its stacks: a moment more for them
+            time.sleep(TRACE_WAIT_S)
+            try:
+                stacks = ray.get(self.actor.stacks.remote(), timeout=30)
+            except Exception:
+                pass
         for rank in set(ranks) - set(stacks):  # its heartbeat thread is stuck too: ask py-spy
             try:
                 text = ray.get(_dump_on_node(ranks[rank]), timeout=60)
@@ -231,8 +252,14 @@ def write_stacks(fs, folder: str, stacks: dict[int, dict[str, Any]]) -> None:
     fs.create_dir(folder, recursive=True)
     for rank, s in sorted(stacks.items()):
         verdict = "waiting in a collective" if s["waiting"] else "NOT in a collective"
+        text = s["text"]
+        if s.get("trace"):
+            try:
+                text += "\n--- collectives (PyTorch's flight recorder) ---\n" + describe_collectives(s["trace"]) + "\n"
+            except Exception:  # a record this cannot read: the JSON file still holds it
+                pass
         with fs.open_output_stream(f"{folder}/rank-{rank}.txt") as f:
-            f.write(f"rank {rank}: {verdict}, at {s['where']}\n{s['text']}".encode())
+            f.write(f"rank {rank}: {verdict}, at {s['where']}\n{text}".encode())
         if s.get("trace"):
             with fs.open_output_stream(f"{folder}/rank-{rank}.collectives.json") as f:
                 f.write(s["trace"].encode())
@@ -286,6 +313,14 @@ def _alive_ray(rank: dict[str, Any]) -> bool:
     import ray
 
     return ray.get(_on_node(rank["node"])(_alive).remote(rank["pid"]), timeout=30)
+
+
+def _alive_or_unknown(rank: dict[str, Any]) -> bool:
+    """Whether a rank's process may still live (True where its node cannot be asked)."""
+    try:
+        return _alive_ray(rank)
+    except Exception:
+        return True
 
 
 def _alive(pid: int) -> bool:

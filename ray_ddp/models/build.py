@@ -31,8 +31,8 @@ def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = 
     (models/lora.py); with --activation-checkpointing its blocks recompute in backward
     (models/activation.py)."""
     if init_adapters and cfg.lora is None:
-        raise ConfigError(f"--init-from {cfg.init_from} holds LoRA adapters (a --lora run's checkpoint), and this "
-                          "run has none: pass the --lora it was trained with to go on from its adapters")
+        raise ConfigError(f"--init-from {cfg.init_from} holds LoRA adapters (a --lora run's checkpoint), and "
+                          "this run has none: pass the --lora it was trained with to go on from its adapters")
     model = _build_bare_model(cfg, devices, given)
     if init is not None and not init_adapters:
         init(model)
@@ -116,11 +116,16 @@ def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
     def check(model: nn.Module) -> None:
         check_init_weights(model, weights, cfg.init_strict, init_from)
 
+    adapters = holds_adapters(weights)
     if isinstance(given, nn.Module):
-        check(given)
+        if adapters and cfg.lora is None:
+            raise ConfigError(f"--init-from {init_from} holds LoRA adapters (a --lora run's checkpoint), and "
+                              "this run has none: pass the --lora it was trained with to go on from its adapters")
+        if not adapters:  # (a model object under adapters is checked by its workers: no copy of it here)
+            check(given)
     else:
         with meta:
-            build_model(cfg, [meta, meta], given, init=check, init_adapters=holds_adapters(weights))
+            build_model(cfg, [meta, meta], given, init=check, init_adapters=adapters)
 
 
 def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ray_ddp.errors import ConfigError
-from ray_ddp.models.remote import is_file, is_uri, small_files
+from ray_ddp.models.remote import child_uri, is_file, is_uri, small_files
 from ray_ddp.storage import resolve_storage
 
 PREFIX = "hf:"
@@ -103,7 +103,7 @@ def check_hf_folder(spec: str) -> None:
     folder is asked, not copied)."""
     require_transformers()
     path = spec[len(PREFIX):]
-    found = is_file(f"{path.rstrip('/')}/config.json") if is_uri(path) else \
+    found = is_file(child_uri(path, "config.json")) if is_uri(path) else \
         os.path.isfile(os.path.join(os.path.abspath(os.path.expanduser(path)), "config.json"))
     if not found:
         raise ConfigError(f"--model {spec}: {path} has no config.json; give a folder written by "

@@ -16,7 +16,7 @@ from torch import nn
 
 from ray_ddp.errors import ConfigError
 from ray_ddp.models.hf import local_folder
-from ray_ddp.models.remote import is_uri, list_folder, safetensors_shapes, small_files
+from ray_ddp.models.remote import child_uri, is_uri, list_folder, safetensors_shapes, small_files, uri_name
 from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, read_model_shapes, read_model_state
 
@@ -63,25 +63,24 @@ def _remote_shapes(uri: str) -> dict[str, torch.Tensor]:
         entries = list_folder(uri)
     except FileNotFoundError:
         raise ConfigError(f"--init-from {uri}: no such file or folder") from None
-    base = uri.rstrip("/")
     if not entries:  # a single file
-        return safetensors_shapes(uri) if uri.endswith(".safetensors") else _copied_file_shapes(uri, uri)
+        return safetensors_shapes(uri) if uri_name(uri).endswith(".safetensors") else _copied_file_shapes(uri, uri)
     if DCP_METADATA in entries and "model.pt" not in entries:
         with small_files(uri, [DCP_METADATA]) as folder:
             return read_model_shapes(folder)
     for name in _FILES:
         if name in entries:
-            path = f"{base}/{name}"
+            path = child_uri(uri, name)
             return safetensors_shapes(path) if name.endswith(".safetensors") else _copied_file_shapes(path, uri)
     shards = sorted(n for n in entries if n.startswith("model-") and n.endswith(".safetensors"))
     if shards:
-        return {k: v for shard in shards for k, v in safetensors_shapes(f"{base}/{shard}").items()}
+        return {k: v for shard in shards for k, v in safetensors_shapes(child_uri(uri, shard)).items()}
     raise ConfigError(f"--init-from {uri}: the folder holds none of {', '.join(_FILES)}; give a "
                       "checkpoint folder, a save_pretrained folder or a state_dict file")
 
 
 def _copied_file_shapes(path: str, given: str) -> dict[str, torch.Tensor]:
-    with local_folder(path) as local:  # this node's copy: a torch file is read memory-mapped
+    with local_folder(path) as local:  # this node's copy (the workers' too): read memory-mapped
         return _read_file(local, given, shapes_only=True)
 
 

@@ -31,6 +31,18 @@ def is_uri(path: str) -> bool:
     return "://" in path
 
 
+def child_uri(uri: str, name: str) -> str:
+    """The URI of ``name`` inside the folder at ``uri``, its query (``?endpoint_override=``)
+    kept after the path, where a filesystem reads it."""
+    base, query = uri.split("?", 1) if "?" in uri else (uri, "")
+    return f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
+
+
+def uri_name(uri: str) -> str:
+    """The last part of a URI's path (its file's name), the query left out."""
+    return uri.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
 def list_folder(uri: str) -> dict[str, pafs.FileInfo]:
     """The entries directly in the folder at ``uri`` by name (one listing); {} when
     ``uri`` is a file; FileNotFoundError where nothing is there."""

@@ -9,14 +9,14 @@ watch asks a hung run for its stacks, the heartbeat also dumps the recorder, so
 got in the collectives: the rank whose last enqueued collective is behind its peers' is
 the one they wait for.
 
-The process group starts with Ray Train's timeout (30 min: the first collective waits
-for the slowest rank's start-up, a model copied to its node, a first compile). After a
-worker's first step ``shorten_collective_timeout`` lowers it to the longest the watch
-itself ever waits (a meant wait's MEANT_WAIT_FACTOR x --hang-timeout) plus one more
---hang-timeout: the watch acts first, and a hang it cannot act on (its driver gone) still
-ends long before 30 min.
+The process group starts with a timeout longer than the watch's patience for a first step
+(``start_up_timeout_s``: at least Ray Train's 30 min, as the first collective waits for the
+slowest rank's start-up, a model copied to its node, a first compile). After a worker's
+first step ``shorten_collective_timeout`` lowers it to the longest the watch then ever
+waits (a meant wait's MEANT_WAIT_FACTOR x --hang-timeout) plus one more --hang-timeout: the
+watch acts first, and a hang it cannot act on (its driver gone) is still bounded.
 
-Both go through torch's private names, here alone, checked against torch CHECKED_TORCH
+Both go through torch's private names (the dump's, and ``_set_pg_timeout``), here alone, checked against torch CHECKED_TORCH
 (tests/unit/test_collectives.py pins them): on a torch that moved one, the run loses the
 dump or the shorter timeout, never its training.
 """
@@ -34,17 +34,33 @@ CHECKED_TORCH = "2.13"
 # upload is not a hang, one that never ends still is. The process group waits longer.
 MEANT_WAIT_FACTOR = 10
 
-# Ray Train's TorchConfig timeout, which the process group starts with
+# Ray Train's TorchConfig timeout: the start-up's floor
 START_UP_TIMEOUT_S = 1800.0
 
 
+def first_step_patience_s(hang_timeout: float) -> float:
+    """How long the watch lets a group be in its first step (a first compile, a resumed
+    Ray Data stream skipping to its step, the first collective waiting for the slowest
+    start): a meant wait's patience, and never less than the start-up's 30 min."""
+    return max(START_UP_TIMEOUT_S, MEANT_WAIT_FACTOR * hang_timeout)
+
+
+def start_up_timeout_s(hang_timeout: float) -> float:
+    """The process group's timeout until a worker's first step: longer than the watch's
+    patience for that step and its handling (stacks, py-spy, the kills), so the watch acts
+    first; Ray Train's 30 min without a watch."""
+    if hang_timeout <= 0:
+        return START_UP_TIMEOUT_S
+    return first_step_patience_s(hang_timeout) + hang_timeout + 120
+
+
 def collective_timeout_s(hang_timeout: float) -> Optional[float]:
-    """The process group's timeout after the first step under ``--hang-timeout``, or None
-    where it stays the start-up one (no watch, or the watch's patience is as long)."""
+    """The process group's timeout after the first step under ``--hang-timeout`` (the
+    watch's longest patience, a meant wait's, and one more timeout), or None: no watch,
+    the start-up one stays."""
     if hang_timeout <= 0:
         return None
-    steady = (MEANT_WAIT_FACTOR + 1) * hang_timeout
-    return steady if steady < START_UP_TIMEOUT_S else None
+    return (MEANT_WAIT_FACTOR + 1) * hang_timeout
 
 
 def shorten_collective_timeout(hang_timeout: float) -> Optional[float]:
@@ -67,11 +83,14 @@ def shorten_collective_timeout(hang_timeout: float) -> Optional[float]:
 def dump_collectives() -> Optional[str]:
     """This process's flight recorder as JSON text: every recorded collective and each
     process group's last enqueued, started and completed one. None where it recorded
-    nothing (the recorder off) or cannot be read."""
+    nothing (the recorder off) or cannot be read. NCCL keeps its own recorder (read by
+    ``_dump_nccl_trace_json``, in CUDA builds of torch only); gloo's is the generic one."""
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace_json
+        import torch.distributed as dist
+        from torch._C import _distributed_c10d as c10d
 
-        text = _dump_fr_trace_json(True, False)
+        nccl = dist.is_initialized() and dist.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace_json")
+        text = (c10d._dump_nccl_trace_json if nccl else c10d._dump_fr_trace_json)(True, False)
         text = text.decode() if isinstance(text, bytes) else str(text)
         return text if json.loads(text).get("entries") else None
     except Exception:  # the dump is evidence, never a reason to fail the hang's handling

@@ -24,7 +24,7 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from ray_ddp.worker.collectives import describe_collectives, dump_collectives
+from ray_ddp.worker.collectives import dump_collectives
 
 # Where a rank that waits for its peers sits: torch.distributed's collectives (and FSDP),
 # DDP's reducer (autograd's backward waits for the gradient all-reduce), and Ray Train's
@@ -37,9 +37,10 @@ class Heartbeat:
     """This rank's progress count and the thread that reports it; with no watch
     (``--hang-timeout 0``) ``tick`` and ``pause`` cost nothing and no thread runs."""
 
-    def __init__(self, watch: Any, rank: int, node_id: str, ip: str, interval_s: float):
+    def __init__(self, watch: Any, rank: int, node_id: str, ip: str, interval_s: float, step: int = 0):
         self.watch, self.rank, self.node_id, self.ip, self.interval_s = watch, rank, node_id, ip, interval_s
-        self.progress, self.step, self.paused, self.waiting = 0, 0, False, False
+        # ``step``: the last step finished before this life (a resumed run's checkpoint's)
+        self.progress, self.step, self.paused, self.waiting = 0, step, False, False
         # the training loop's thread (Ray Train runs it apart from the process's main thread)
         self._main = threading.get_ident()
         self._stop = threading.Event()
@@ -100,12 +101,13 @@ class Heartbeat:
                 command = ray.get(self._beat(), timeout=30)
                 if command == "stacks":
                     text, waiting, where = capture_stacks(self._main)
-                    # the process group's own record: how far this rank got in the collectives
+                    ray.get(self.watch.put_stacks.remote(self.rank, os.getpid(), text, waiting, where),
+                            timeout=30)
+                    # then the process group's own record (how far this rank got in the
+                    # collectives): after the stacks, which a wedged device must not hold up
                     trace = dump_collectives()
                     if trace is not None:
-                        text += "\n--- collectives (PyTorch's flight recorder) ---\n" + describe_collectives(trace) + "\n"
-                    ray.get(self.watch.put_stacks.remote(self.rank, os.getpid(), text, waiting, where, trace),
-                            timeout=30)
+                        ray.get(self.watch.put_trace.remote(self.rank, trace), timeout=30)
             except Exception:  # a slow or restarting driver: try again at the next beat
                 continue
 

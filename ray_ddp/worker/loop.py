@@ -70,7 +70,7 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
                       model_loss=plan.model_loss and takes_keyword(parts.model, "labels"))
     source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects, plan.ray_data)
     heartbeat = Heartbeat(plan.hang_watch, rank, ray.get_runtime_context().get_node_id(),
-                          ray.util.get_node_ip_address(), min(5.0, max(0.5, cfg.hang_timeout / 10)))
+                          ray.util.get_node_ip_address(), min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step)
     run = WorkerRun(cfg, rank, world_size, parts, task, source, val_set, state, plan.total_steps,
                     {"loaded_hash": loaded_hash, "started_at": started_at}, heartbeat)
     try:

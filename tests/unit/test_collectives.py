@@ -38,11 +38,17 @@ def test_torchs_private_names_are_where_they_were():
     assert "onlyActive" in _distributed_c10d._dump_fr_trace_json.__doc__
 
 
-def test_the_timeout_after_the_first_step_is_the_watchs_longest_patience_and_one_more():
-    assert collective_timeout_s(0) is None  # no watch: Ray Train's 30 min throughout
+def test_the_process_group_outwaits_the_watch_before_and_after_the_first_step():
+    from ray_ddp.worker.collectives import first_step_patience_s, start_up_timeout_s
+
+    assert collective_timeout_s(0) is None and start_up_timeout_s(0) == 1800  # no watch: Ray Train's 30 min
     assert collective_timeout_s(10) == (MEANT_WAIT_FACTOR + 1) * 10 == 110
-    assert collective_timeout_s(60) == 660
-    assert collective_timeout_s(600) is None  # 6,600 s is no shorter than the start-up's 1,800
+    assert collective_timeout_s(600) == 6600  # the default's: a meant wait's 6,000 s and one more
+    for hang in (10, 60, 600):
+        # the watch's patience and its handling (stacks, py-spy, kills) come first
+        assert start_up_timeout_s(hang) >= first_step_patience_s(hang) + hang + 60
+        assert collective_timeout_s(hang) >= MEANT_WAIT_FACTOR * hang + hang
+        assert collective_timeout_s(hang) < start_up_timeout_s(hang)  # always lowered after the first step
 
 
 def test_the_workers_flight_recorder_is_on_with_the_watch_and_the_users_size_wins(monkeypatch):

@@ -27,7 +27,7 @@ def test_a_run_is_hung_only_when_no_rank_progressed_for_the_timeout():
     w = WatchState(timeout_s=10)
     _beat(w, 0, 0, now=0)
     _beat(w, 1, 0, now=0)
-    assert w.stalled(99) is None  # the first step gets 10 x the timeout (a first compile, a slow start)
+    assert w.stalled(1000) is None  # the first step gets the start-up's patience (a compile, a slow start)
     _beat(w, 0, 5, now=1)
     _beat(w, 1, 4, now=2)
     assert w.stalled(11) is None  # rank 1 moved 9 s ago
@@ -45,16 +45,19 @@ def test_a_meant_wait_and_a_new_worker_group_are_not_hangs():
     assert _beat(w, 0, 9, now=151) is None and 0 not in w.ranks  # the old rank 0's late beat is ignored
 
 
-def test_a_group_that_never_finishes_its_first_step_is_hung():
-    from ray_ddp.driver.hangs import MEANT_WAIT_FACTOR
+def test_a_group_that_never_finishes_its_first_step_is_hung_after_the_start_ups_patience():
+    from ray_ddp.worker.collectives import MEANT_WAIT_FACTOR, START_UP_TIMEOUT_S, first_step_patience_s
 
+    # at least the start-up's 30 min (a compile, a resumed stream skipping to its step)
+    assert first_step_patience_s(10) == START_UP_TIMEOUT_S == 1800
+    assert first_step_patience_s(600) == MEANT_WAIT_FACTOR * 600
     w = WatchState(timeout_s=10)
-    _beat(w, 0, 0, now=0)
-    _beat(w, 1, 0, now=0)  # both started; neither ever finishes step 1
-    assert w.stalled(now=10 * MEANT_WAIT_FACTOR - 1) is None
-    assert w.stalled(now=10 * MEANT_WAIT_FACTOR + 1) == {"step": 0, "since_s": 10 * MEANT_WAIT_FACTOR + 1}
-    _beat(w, 0, 1, now=5)  # rank 0 finished it; rank 1 has not: still its first step
-    assert w.stalled(now=5 + 10 * MEANT_WAIT_FACTOR - 1) is None
+    _beat(w, 0, 0, now=0, step=40)
+    _beat(w, 1, 0, now=0, step=40)  # both resumed at step 40; neither ever finishes step 41
+    assert w.stalled(now=1799) is None
+    assert w.stalled(now=1801) == {"step": 40, "since_s": 1801}
+    _beat(w, 0, 1, now=5, step=41)  # rank 0 finished it; rank 1 has not: still its first step
+    assert w.stalled(now=5 + 1799) is None
 
 
 def test_ranks_are_asked_for_their_stacks_once():

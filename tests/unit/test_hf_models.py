@@ -239,6 +239,16 @@ def test_the_driver_reads_a_uris_config_and_headers_never_copying_the_weights(tm
         read_init_weights(f"file://{tmp_path / 'nothing'}", shapes_only=True)
 
 
+def test_a_file_in_a_uris_folder_keeps_the_query_after_its_path():
+    from ray_ddp.models.remote import child_uri, uri_name
+
+    uri = "s3://bucket/models/bert?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert child_uri(uri, "config.json") == \
+        "s3://bucket/models/bert/config.json?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert child_uri("gs://b/m/", "model.safetensors") == "gs://b/m/model.safetensors"
+    assert uri_name(child_uri(uri, "model.safetensors")) == "model.safetensors"
+
+
 def test_a_forward_gets_the_keys_it_names_and_a_kwargs_forward_gets_them_all():
     from ray_ddp.tasks.batches import takes_keyword
 

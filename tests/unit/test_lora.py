@@ -112,5 +112,10 @@ def test_init_from_a_lora_runs_checkpoint_goes_on_from_its_adapters(tmp_path):
         {n for n, p in trained.named_parameters() if p.requires_grad}  # still only the adapters train
     with pytest.raises(ConfigError, match=r"holds LoRA adapters .* pass the --lora it was trained with"):
         check_init_from(dataclasses.replace(again, lora=None), None, given)
+    # a model object the Python API passes: the same line without --lora; with it, its workers check
+    bare = build_model(dataclasses.replace(cfg, lora=None), [cpu])
+    with pytest.raises(ConfigError, match=r"holds LoRA adapters"):
+        check_init_from(dataclasses.replace(again, lora=None), bare, given)
+    check_init_from(again, bare, given)
     with pytest.raises(ConfigError, match="shapes differ"):  # other adapters: their shapes tell
         check_init_from(dataclasses.replace(again, lora="r=4,targets=0,2"), None, given)
