@@ -21,8 +21,7 @@ from ray_ddp.driver.events import Event
 from ray_ddp.worker.collectives import MEANT_WAIT_FACTOR, describe_collectives, first_step_patience_s
 from ray_ddp.worker.heartbeat import py_spy_dump
 
-# Seconds the watch waits for the ranks' own stacks before asking py-spy on their node,
-# and then for their flight recorders (sent right after the stacks).
+# Seconds the watch waits for the ranks' own stacks (before asking py-spy), then their records.
 STACKS_WAIT_S = 10.0
 TRACE_WAIT_S = 1.0
 
@@ -176,9 +175,8 @@ class HangMonitor:
         import ray
 
         ranks = ray.get(self.actor.ask_for_stacks.remote(), timeout=30)
-        if ranks and not any(_alive_or_unknown(r) for r in ranks.values()):
-            # every process is gone: a failure Ray Train restarts the group from (its own
-            # event), not a hang; forget them until the new group beats
+        if ranks and not _any_alive(list(ranks.values())):
+            # all gone: a failure Ray Train restarts from (its own event), not a hang
             ray.get(self.actor.retire.remote(), timeout=30)
             return
         ended = False
@@ -315,10 +313,12 @@ def _alive_ray(rank: dict[str, Any]) -> bool:
     return ray.get(_on_node(rank["node"])(_alive).remote(rank["pid"]), timeout=30)
 
 
-def _alive_or_unknown(rank: dict[str, Any]) -> bool:
-    """Whether a rank's process may still live (True where its node cannot be asked)."""
+def _any_alive(ranks: list[dict[str, Any]]) -> bool:
+    """Whether any rank's process may live: all asked at once; True where one cannot be asked."""
+    import ray
+
     try:
-        return _alive_ray(rank)
+        return any(ray.get([_on_node(r["node"])(_alive).remote(r["pid"]) for r in ranks], timeout=30))
     except Exception:
         return True
 

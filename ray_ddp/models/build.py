@@ -14,7 +14,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.activation import apply_activation_checkpointing, check_activation_checkpointing
 from ray_ddp.models.hf import build_hf_model, check_hf_folder, is_hf_model
 from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
-from ray_ddp.models.init import check_init_weights, holds_adapters, read_init_weights
+from ray_ddp.models.init import adapters_need_lora, check_init_weights, holds_adapters, read_init_weights
 from ray_ddp.models.lora import apply_lora
 from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of, tree_map
 from ray_ddp.tasks.build import build_task, loss_units_of
@@ -31,8 +31,7 @@ def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = 
     (models/lora.py); with --activation-checkpointing its blocks recompute in backward
     (models/activation.py)."""
     if init_adapters and cfg.lora is None:
-        raise ConfigError(f"--init-from {cfg.init_from} holds LoRA adapters (a --lora run's checkpoint), and "
-                          "this run has none: pass the --lora it was trained with to go on from its adapters")
+        raise adapters_need_lora(cfg.init_from)
     model = _build_bare_model(cfg, devices, given)
     if init is not None and not init_adapters:
         init(model)
@@ -119,8 +118,7 @@ def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
     adapters = holds_adapters(weights)
     if isinstance(given, nn.Module):
         if adapters and cfg.lora is None:
-            raise ConfigError(f"--init-from {init_from} holds LoRA adapters (a --lora run's checkpoint), and "
-                              "this run has none: pass the --lora it was trained with to go on from its adapters")
+            raise adapters_need_lora(init_from)
         if not adapters:  # (a model object under adapters is checked by its workers: no copy of it here)
             check(given)
     else:

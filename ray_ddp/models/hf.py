@@ -37,13 +37,15 @@ def require_transformers():
     return transformers
 
 
+def local_path(path: str) -> str:
+    """A local path as given (``~`` expanded), absolute."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
 @contextlib.contextmanager
 def local_folder(path: str) -> Iterator[str]:
     """The folder (or file) on the local disk: itself, or this node's copy of a URI's."""
-    if "://" not in path:
-        yield os.path.abspath(os.path.expanduser(path))
-        return
-    yield node_copy(path)
+    yield node_copy(path) if is_uri(path) else local_path(path)
 
 
 def cache_root() -> str:
@@ -104,7 +106,7 @@ def check_hf_folder(spec: str) -> None:
     require_transformers()
     path = spec[len(PREFIX):]
     found = is_file(child_uri(path, "config.json")) if is_uri(path) else \
-        os.path.isfile(os.path.join(os.path.abspath(os.path.expanduser(path)), "config.json"))
+        os.path.isfile(os.path.join(local_path(path), "config.json"))
     if not found:
         raise ConfigError(f"--model {spec}: {path} has no config.json; give a folder written by "
                           "save_pretrained (model.save_pretrained(DIR))")
@@ -115,7 +117,7 @@ def config_folder(path: str) -> Iterator[str]:
     """A folder holding the model's config.json: the folder itself, or (a URI's) a
     temporary one with config.json alone (the driver's meta-device build needs no weights)."""
     if not is_uri(path):
-        yield os.path.abspath(os.path.expanduser(path))
+        yield local_path(path)
         return
     with small_files(path, ["config.json"]) as folder:
         yield folder

@@ -139,6 +139,12 @@ def holds_adapters(state: dict[str, Any]) -> bool:
     return any(".lora_" in k for k in state) and any(k.startswith("base_model.model.") for k in state)
 
 
+def adapters_need_lora(given: str) -> ConfigError:
+    """The one line for --init-from weights that hold adapters, in a run without --lora."""
+    return ConfigError(f"--init-from {given} holds LoRA adapters (a --lora run's checkpoint), and this run "
+                       "has none: pass the --lora it was trained with to go on from its adapters")
+
+
 def apply_init_weights(model: nn.Module, state: dict[str, Any], strict: bool, given: str) -> None:
     check_init_weights(model, state, strict, given)
     own = model.state_dict()
