@@ -14,7 +14,11 @@ when it ended), the command's exit (whole-process wall time), and the CPU second
 whole machine spent meanwhile (every process: the command, Ray Train's controller, its
 workers and helper actors, Ray's own daemons; Linux's /proc/stat, so None elsewhere):
 what one run costs a test suite on a machine whose cores are all busy. Where ray-ddp's seconds
-go comes from its summary's startup_s.
+go comes from its summary's startup_s; where the CPU seconds go, from each process's own
+(/proc/<pid>/stat, sampled every 0.2 s while the command runs, so a process's last 0.2 s
+before it exits can be missed), grouped by what the process is (``process_kind``): Ray
+Train's workers, its controller, its helper actors, ray-ddp's actors, the command itself,
+Ray's own processes: its daemons and idle workers (with --by-process).
 
   --cluster local     each command starts a Ray of its own (ray.init), as on a laptop
   --cluster attached  both attach to one Ray that this script starts first (a two-CPU head
@@ -23,6 +27,7 @@ go comes from its summary's startup_s.
     python benchmarks/startup.py --rounds 3                     # local
     python benchmarks/startup.py --rounds 3 --cluster attached
     python benchmarks/startup.py --rounds 4 --arms ray-ddp,ray-ddp-idle-workers
+    python benchmarks/startup.py --rounds 3 --cluster attached --by-process
 Runs on the machine it measures. The figures also go to
 benchmarks/results/startup-<machine>-<date>.json (--results-dir, --no-save; see
 benchmarks/_results.py).
@@ -101,31 +106,122 @@ def busy_cpu_s() -> float | None:
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_arm(arm: str, env: dict) -> dict:
+# Ray Train's own actors besides its workers and controller (one of each per run, each a
+# new Python process), and ray-ddp's (the hang watch and its tasks)
+RAY_TRAIN_HELPERS = ("PlacementGroupCleaner", "SynchronizationActor", "DatasetManager",
+                     "_AutoscalingCoordinatorActor")
+RAY_DDP_ACTORS = ("HangWatch", "read_stacks", "dump_collectives", "processes_alive", "kill_processes")
+KINDS = ("workers", "controller", "Ray Train's helpers", "ray-ddp's actors", "the command", "Ray's own processes",
+         "other")
+
+
+def process_kind(title: str, is_command: bool) -> str:
+    """What a process is, from its command line (Ray names an actor's process
+    ``ray::Class`` or ``ray::Class.method``, a task's ``ray::function``)."""
+    if is_command:
+        return "the command"
+    if not title.startswith("ray::"):
+        return "Ray's own processes" if "/ray/" in title or "ray." in title else "other"
+    name = title[len("ray::"):].split()[0].split(".")[0] if title[len("ray::"):].strip() else ""
+    if name == "RayTrainWorker":
+        return "workers"
+    if name == "TrainController":
+        return "controller"
+    if name in RAY_TRAIN_HELPERS:
+        return "Ray Train's helpers"
+    if name in RAY_DDP_ACTORS:
+        return "ray-ddp's actors"
+    return "Ray's own processes" if name in ("DashboardAgent", "RuntimeEnvAgent", "IDLE") else "other"
+
+
+def process_cpu() -> dict[int, tuple[float, str]]:
+    """Every process's CPU seconds so far and command line, from /proc ({} elsewhere)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline") as f:
+                title = f.read().replace("\0", " ").strip()
+        except OSError:  # it exited meanwhile
+            continue
+        out[int(pid)] = ((int(fields[11]) + int(fields[12])) / tick, title)
+    return out
+
+
+def better_title(kept: str, new: str) -> str:
+    """The title that says what a process is: a Ray worker starts as ``python
+    .../default_worker.py``, may idle as ``ray::IDLE``, becomes ``ray::Class`` and later
+    names its last call (``ray::execute._shutdown_torch``): the first ``ray::`` title
+    other than IDLE is kept."""
+    if not kept:
+        return new
+    named = kept.startswith("ray::") and not kept.startswith("ray::IDLE")
+    return new if not named and new.startswith("ray::") else kept
+
+
+def cpu_by_kind(before: dict, seen: dict, command_pid: int) -> dict[str, float]:
+    """CPU seconds spent since ``before`` per kind of process, ``seen`` holding each
+    process's last sample and its ``better_title``."""
+    kinds = dict.fromkeys(KINDS, 0.0)
+    for pid, (cpu, title) in seen.items():
+        spent = cpu - before.get(pid, (0.0, ""))[0]
+        if spent > 0:
+            kinds[process_kind(title, pid == command_pid)] += spent
+    return kinds
+
+
+def median_by_kind(runs: list[dict]) -> dict[str, float] | None:
+    """Each kind's median CPU seconds over an arm's rounds (None without /proc)."""
+    if not runs or any(r["cpu_by_process"] is None for r in runs):
+        return None
+    return {k: statistics.median(r["cpu_by_process"][k] for r in runs) for k in KINDS}
+
+
+def run_arm(arm: str, env: dict, by_process: bool = False) -> dict:
+    import threading
+
     storage = tempfile.mkdtemp(prefix=f"bench_start_{arm}_")
     first_step_file = os.path.join(storage, "first_step")
+    before = process_cpu() if by_process else {}
+    seen = dict(before)
     cpu_before = busy_cpu_s()
     launched = time.time()
-    proc = subprocess.run(arm_command(arm, storage, first_step_file), env={**env, **ARM_ENV.get(arm, {})},
-                          capture_output=True, text=True)
+    proc = subprocess.Popen(arm_command(arm, storage, first_step_file), env={**env, **ARM_ENV.get(arm, {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.2):
+            for pid, (cpu, title) in process_cpu().items():
+                seen[pid] = (cpu, better_title(seen.get(pid, (0.0, ""))[1], title))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if before:  # (the sampling itself costs CPU: "other" in the breakdown, and in CPU s)
+        sampler.start()
+    stdout, stderr = proc.communicate()
     wall = time.time() - launched
     cpu = busy_cpu_s() - cpu_before if cpu_before is not None else None
+    done.set()
+    if before:
+        sampler.join()
     if proc.returncode != 0:
         shutil.rmtree(storage, ignore_errors=True)
-        raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{stderr[-3000:]}")
     startup = None
     if arm.startswith("ray-ddp"):
         import pyarrow.parquet as pq
 
         rows = pq.read_table(os.path.join(storage, "small", "metrics.parquet")).to_pylist()
         first_step = min(r["first_step_at"] for r in rows if r["rank"] == 0)
-        startup = json.loads(proc.stdout.strip().splitlines()[-1]).get("startup_s")
+        startup = json.loads(stdout.strip().splitlines()[-1]).get("startup_s")
     else:
         with open(first_step_file) as f:
             first_step = float(f.read())
     shutil.rmtree(storage, ignore_errors=True)
     return {"arm": arm, "first_step_s": first_step - launched, "wall_s": wall, "cpu_s": cpu,
-            "startup_s": startup}
+            "startup_s": startup, "cpu_by_process": cpu_by_kind(before, seen, proc.pid) if before else None}
 
 
 def main() -> None:
@@ -135,6 +231,8 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                         help=f"comma-separated, from {', '.join(ARMS)} (ray-train is the baseline, always run)")
     parser.add_argument("--json", help="write every round's raw figures here")
+    parser.add_argument("--by-process", action="store_true",
+                        help="also each kind of process's CPU seconds (sampled, which costs CPU itself)")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # the ray-train arm itself
     parser.add_argument("--storage", help=argparse.SUPPRESS)
     parser.add_argument("--first-step-file", help=argparse.SUPPRESS)
@@ -162,7 +260,7 @@ def main() -> None:
     try:
         for round_no in range(args.rounds):
             for arm in (arms if round_no % 2 == 0 else arms[::-1]):
-                r = {**run_arm(arm, env), "round": round_no}
+                r = {**run_arm(arm, env, args.by_process), "round": round_no}
                 results.append(r)
                 print(f"round {round_no + 1}/{args.rounds} {arm}: first step {r['first_step_s']:.1f} s, "
                       f"wall {r['wall_s']:.1f} s"
@@ -190,13 +288,18 @@ def main() -> None:
     if ddp:
         print("ray-ddp startup_s (median per phase): " + ", ".join(
             f"{k} {statistics.median(s[k] for s in ddp):.2f}" for k in ddp[0]))
+    by_process = {arm: median_by_kind([r for r in results if r["arm"] == arm]) for arm in arms}
+    if all(by_process.values()):
+        print("\nCPU s by process (medians): | arm | " + " | ".join(KINDS) + " |")
+        for arm, kinds in by_process.items():
+            print(f"| {arm} | " + " | ".join(f"{kinds[k]:.1f}" for k in KINDS) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cluster": args.cluster, "rounds": results}, f, indent=1)
     rows = []
     for arm in arms:
         mine = [r for r in results if r["arm"] == arm]
-        row = {"arm": arm}
+        row = {"arm": arm, **({"by_process": by_process[arm]} if by_process[arm] else {})}
         for field in fields:
             row[field] = statistics.median(r[field] for r in mine)
             row[f"baseline_{field}"] = statistics.median(r[field] for r in base.values())
