@@ -174,7 +174,7 @@ def cpu_by_kind(before: dict, seen: dict, command_pid: int) -> dict[str, float]:
 
 def median_by_kind(runs: list[dict]) -> dict[str, float] | None:
     """Each kind's median CPU seconds over an arm's rounds (None without /proc)."""
-    if not runs or any(r["cpu_by_process"] is None for r in runs):
+    if not runs or any(r.get("cpu_by_process") is None for r in runs):
         return None
     return {k: statistics.median(r["cpu_by_process"][k] for r in runs) for k in KINDS}
 

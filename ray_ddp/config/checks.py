@@ -63,6 +63,13 @@ def validate_config(cfg: TrainConfig) -> None:
                           f"got {cfg.loader_workers}")
     if not math.isfinite(cfg.hang_timeout) or cfg.hang_timeout < 0:
         raise ConfigError(f"--hang-timeout must be 0 (off) or more seconds, got {cfg.hang_timeout}")
+    if cfg.wait_timeout is not None:
+        if not cfg.hang_timeout:
+            raise ConfigError("--wait-timeout is the hang watch's, which --hang-timeout 0 turns off; "
+                              "pass a --hang-timeout too, or drop --wait-timeout")
+        if not math.isfinite(cfg.wait_timeout) or cfg.wait_timeout < cfg.hang_timeout:
+            raise ConfigError(f"--wait-timeout must be at least --hang-timeout ({cfg.hang_timeout:g} s): a "
+                              f"long wait is given more time than a step, never less; got {cfg.wait_timeout}")
     if cfg.profile is not None:
         parse_profile_steps(cfg.profile)
     if cfg.max_failures is not None and cfg.max_failures < -1:

@@ -215,12 +215,17 @@ class TrainConfig:
         "the restart", default=-1)
     hang_timeout: float = _opt(
         "seconds without any rank finishing a step (validation batches count as progress; a "
-        "checkpoint, FSDP's gathers and a profile's export get 10x this, the first step 10x and "
-        "at least 30 min) "
+        "checkpoint, FSDP's gathers and a profile's export get --wait-timeout) "
         "before the run is declared hung: every rank's stacks go "
         "to <run>/hangs/<step>/, one line names the ranks not waiting in a collective, and the "
         "worker group is ended and restarted from the latest checkpoint, counted against "
         "--max-failures (0: no watchdog)", default=600.0)
+    wait_timeout: Optional[float] = _opt(
+        "seconds the hang watch gives the run's own long waits before a rank in one counts as "
+        "hung: a worker group's first step (start-up, a checkpoint's load, a first compile) "
+        "and a checkpoint's snapshot and upload, FSDP's gathers, a profile's export; the "
+        "process group's own timeout follows it (default: 10x --hang-timeout, and at least "
+        "30 min for the first step)", default=None)
     profile: Optional[str] = _opt(
         "record a torch.profiler trace of steps START-END (e.g. 10-15; the run's global step "
         "numbers, 1 is the first) on every rank, as Chrome/Perfetto JSON under <run>/profile/ "

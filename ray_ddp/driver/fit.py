@@ -42,7 +42,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     events: list[Event] = []  # this command's
     pending: list[Event] = []  # hangs that ended a fit (no restart within it followed)
     write_status(store, run_path, "running", cfg, placement, run_id=start.run_id)
-    monitor = HangMonitor(cfg.hang_timeout, store, run_path, echo)
+    monitor = HangMonitor(cfg.hang_timeout, store, run_path, echo, cfg.wait_timeout)
     try:
         while True:
             try:
@@ -161,7 +161,7 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
         **({"datasets": ray_inputs[0], "dataset_config": ray_inputs[1]} if ray_inputs else {}),
         # the process group's timeout: longer than the hang watch's patience for the first
         # step, then (after each worker's first step) its patience after (worker/collectives.py)
-        torch_config=TorchConfig(backend=placement.backend, timeout_s=int(start_up_timeout_s(cfg.hang_timeout))),
+        torch_config=TorchConfig(backend=placement.backend, timeout_s=int(start_up_timeout_s(cfg.hang_timeout, cfg.wait_timeout))),
         scaling_config=ScalingConfig(
             num_workers=placement.num_workers(),  # (MIN, MAX): Ray's elastic policy
             use_gpu=placement.use_gpu,

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 from ray_ddp.driver.events import Event
-from ray_ddp.worker.collectives import MEANT_WAIT_FACTOR, describe_collectives, first_step_patience_s
+from ray_ddp.worker.collectives import describe_collectives, first_step_patience_s, meant_wait_patience_s
 from ray_ddp.worker.heartbeat import py_spy_dump
 
 # Seconds the watch waits for the ranks' own stacks (before asking py-spy), then their records.
@@ -32,6 +32,7 @@ class WatchState:
     processes of ended groups (whose late beats are ignored)."""
 
     timeout_s: float
+    wait_s: Optional[float] = None  # --wait-timeout: None, the defaults of worker/collectives.py
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     retired: set = field(default_factory=set)  # (node, pid) of ended groups' processes: pids repeat across nodes
     asking: bool = False  # stacks were asked for: the ranks answer at their next beat
@@ -54,17 +55,20 @@ class WatchState:
 
     def stalled(self, now: float) -> Optional[dict[str, Any]]:
         """{"step", "since_s"} when every rank has run a step and none has made progress
-        for ``timeout_s``; MEANT_WAIT_FACTOR times that while any rank is in a meant wait,
-        and the start-up's patience (first_step_patience_s: at least 30 min) while any is
-        in its first step: a group that never finishes its first step is hung too."""
+        for ``timeout_s``; a meant wait's patience (``wait_s``, by default 10 times that)
+        while any rank is in a meant wait, and the start-up's (first_step_patience_s: by
+        default at least 30 min) while any is in its first step: a group that never
+        finishes its first step is hung too."""
         ranks = list(self.ranks.values())
         if not ranks or self.asking or any(r.get("paused") for r in ranks):
             return None
         since = now - max(r["changed_at"] for r in ranks)
         if any(r["progress"] == 0 for r in ranks):
-            patience = first_step_patience_s(self.timeout_s)
+            patience = first_step_patience_s(self.timeout_s, self.wait_s)
+        elif any(r.get("waiting") for r in ranks):
+            patience = meant_wait_patience_s(self.timeout_s, self.wait_s)
         else:
-            patience = self.timeout_s * (MEANT_WAIT_FACTOR if any(r.get("waiting") for r in ranks) else 1)
+            patience = self.timeout_s
         if since < patience:
             return None
         return {"step": min(r["step"] for r in ranks), "since_s": since}
@@ -93,8 +97,8 @@ class WatchState:
 class HangWatch:
     """The actor around WatchState (made with ray.remote in HangMonitor)."""
 
-    def __init__(self, timeout_s: float):
-        self.state = WatchState(timeout_s)
+    def __init__(self, timeout_s: float, wait_s: Optional[float] = None):
+        self.state = WatchState(timeout_s, wait_s)
 
     def beat(self, rank, pid, node, ip, step, progress, paused, waiting=False):
         return self.state.beat(rank, pid, node, ip, step, progress, paused, time.monotonic(), waiting)
@@ -132,12 +136,13 @@ class HangMonitor:
     says the line, records the event and ends the group. ``hangs``: the events so far
     (where the run restarted from is filled in later)."""
 
-    def __init__(self, timeout_s: float, store, run_path: str, echo: Callable[[str], None]):
+    def __init__(self, timeout_s: float, store, run_path: str, echo: Callable[[str], None],
+                 wait_s: Optional[float] = None):
         import ray
 
         self.timeout_s, self.store, self.run_path, self.echo = timeout_s, store, run_path, echo
         self.hangs: list[Event] = []
-        self.actor = ray.remote(num_cpus=0)(HangWatch).remote(timeout_s) if timeout_s > 0 else None
+        self.actor = ray.remote(num_cpus=0)(HangWatch).remote(timeout_s, wait_s) if timeout_s > 0 else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ray_ddp-hang-watch", daemon=True)
         if self.actor is not None:
@@ -192,7 +197,7 @@ class HangMonitor:
             self.hangs.append(event)
             self.echo(f"{event.cause}; {where}; ending the worker group")
         finally:
-            ended = end_group(list(ranks.values()), _kill_ray, _alive_ray)
+            ended = end_group(list(ranks.values()), _on_ranks_node(_kill), _on_ranks_node(_alive))
             if not ended:
                 self.echo("warning: the hang watch could not end the hung worker group (its kills did "
                           "not take); it keeps watching and tries again")
@@ -301,16 +306,11 @@ def end_group(ranks: list[dict[str, Any]], kill: Callable[[dict], None], alive: 
     return False
 
 
-def _kill_ray(rank: dict[str, Any]) -> None:
+def _on_ranks_node(fn: Callable[[int], Any]) -> Callable[[dict[str, Any]], Any]:
+    """``fn(pid)`` run on a rank's node and waited for (at most 30 s)."""
     import ray
 
-    ray.get(_on_node(rank["node"])(_kill).remote(rank["pid"]), timeout=30)
-
-
-def _alive_ray(rank: dict[str, Any]) -> bool:
-    import ray
-
-    return ray.get(_on_node(rank["node"])(_alive).remote(rank["pid"]), timeout=30)
+    return lambda rank: ray.get(_on_node(rank["node"])(fn).remote(rank["pid"]), timeout=30)
 
 
 def _any_alive(ranks: list[dict[str, Any]]) -> bool:

@@ -13,7 +13,7 @@ The process group starts with a timeout longer than the watch's patience for a f
 (``start_up_timeout_s``: at least Ray Train's 30 min, as the first collective waits for the
 slowest rank's start-up, a model copied to its node, a first compile). After a worker's
 first step ``shorten_collective_timeout`` lowers it to the longest the watch then ever
-waits (a meant wait's MEANT_WAIT_FACTOR x --hang-timeout) plus one more --hang-timeout: the
+waits (a meant wait's --wait-timeout, by default MEANT_WAIT_FACTOR x --hang-timeout) plus one more --hang-timeout: the
 watch acts first, and a hang it cannot act on (its driver gone) is still bounded.
 
 Both go through torch's private names (the dump's, and ``_set_pg_timeout``), here alone, checked against torch CHECKED_TORCH
@@ -38,37 +38,46 @@ MEANT_WAIT_FACTOR = 10
 START_UP_TIMEOUT_S = 1800.0
 
 
-def first_step_patience_s(hang_timeout: float) -> float:
+def meant_wait_patience_s(hang_timeout: float, wait_timeout: Optional[float] = None) -> float:
+    """How long the watch lets a rank be in a meant wait: ``--wait-timeout``, by default
+    MEANT_WAIT_FACTOR x --hang-timeout."""
+    return wait_timeout if wait_timeout is not None else MEANT_WAIT_FACTOR * hang_timeout
+
+
+def first_step_patience_s(hang_timeout: float, wait_timeout: Optional[float] = None) -> float:
     """How long the watch lets a group be in its first step (a first compile, a resumed
     Ray Data stream skipping to its step, the first collective waiting for the slowest
-    start): a meant wait's patience, and never less than the start-up's 30 min."""
-    return max(START_UP_TIMEOUT_S, MEANT_WAIT_FACTOR * hang_timeout)
+    start): ``--wait-timeout`` when given, else a meant wait's patience and never less
+    than the start-up's 30 min."""
+    if wait_timeout is not None:
+        return wait_timeout
+    return max(START_UP_TIMEOUT_S, meant_wait_patience_s(hang_timeout))
 
 
-def start_up_timeout_s(hang_timeout: float) -> float:
+def start_up_timeout_s(hang_timeout: float, wait_timeout: Optional[float] = None) -> float:
     """The process group's timeout until a worker's first step: longer than the watch's
     patience for that step and its handling (stacks, py-spy, the kills), so the watch acts
     first; Ray Train's 30 min without a watch."""
     if hang_timeout <= 0:
         return START_UP_TIMEOUT_S
-    return first_step_patience_s(hang_timeout) + hang_timeout + 120
+    return first_step_patience_s(hang_timeout, wait_timeout) + hang_timeout + 120
 
 
-def collective_timeout_s(hang_timeout: float) -> Optional[float]:
+def collective_timeout_s(hang_timeout: float, wait_timeout: Optional[float] = None) -> Optional[float]:
     """The process group's timeout after the first step under ``--hang-timeout`` (the
     watch's longest patience, a meant wait's, and one more timeout), or None: no watch,
     the start-up one stays."""
     if hang_timeout <= 0:
         return None
-    return (MEANT_WAIT_FACTOR + 1) * hang_timeout
+    return meant_wait_patience_s(hang_timeout, wait_timeout) + hang_timeout
 
 
-def shorten_collective_timeout(hang_timeout: float) -> Optional[float]:
+def shorten_collective_timeout(hang_timeout: float, wait_timeout: Optional[float] = None) -> Optional[float]:
     """Lower the default process group's timeout for every later collective (every rank
     calls it after its first step); the seconds set, or None where nothing changed."""
     import torch.distributed as dist
 
-    seconds = collective_timeout_s(hang_timeout)
+    seconds = collective_timeout_s(hang_timeout, wait_timeout)
     if seconds is None or not dist.is_initialized():
         return None
     try:

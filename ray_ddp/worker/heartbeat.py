@@ -66,7 +66,7 @@ class Heartbeat:
         """A wait that is the run's own work, however long it takes on a slow disk or
         link: a checkpoint's snapshot and the wait for the previous upload, the epoch's
         weight hash (FSDP gathers), the final model's gather, a profile's export. The
-        watch gives it a larger timeout (MEANT_WAIT_FACTOR x its own), not none:
+        watch gives it a larger timeout (--wait-timeout, by default 10 x its own), not none:
         an upload that never ends is still a hang. It counts as progress when it ends."""
         self.waiting = True
         try:

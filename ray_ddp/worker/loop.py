@@ -149,7 +149,7 @@ class WorkerRun:
             self.first_report["first_step_at"] = time.time()
             # every rank has joined and taken a step: from here a collective waits no longer
             # than the hang watch would (the start-up's 30 min covered the slowest start)
-            shorten_collective_timeout(self.cfg.hang_timeout)
+            shorten_collective_timeout(self.cfg.hang_timeout, self.cfg.wait_timeout)
 
     def _close_window(self, epoch: int, save: bool, epoch_end: bool, evaluated: Optional[dict] = None) -> None:
         """End this rank's metrics window (one metrics.parquet row), stop every rank

@@ -362,7 +362,10 @@ class HangsOnSchedule(DiesOnSchedule):
     """DiesOnSchedule whose chosen rank stops answering instead of dying (a stuck read, a
     deadlocked kernel): it sleeps where it would have died, and its peers wait for it in
     their next collective. With ``slow_save_s``, rank 0's first checkpoint (its first
-    state_dict ever) takes that long, as a big upload on a slow link does: not a hang."""
+    state_dict ever) takes that long, as a big upload on a slow link does: not a hang.
+    One more moment, "write": in the checkpoint writer's snapshot (the first state_dict
+    called from a ``snapshot`` after the rank's ``at``-th forward, not the epoch's weights
+    hash before it)."""
 
     def __init__(self, folder: str, hangs: tuple, slow_save_s: float = 0.0):
         super().__init__(folder, hangs)
@@ -381,7 +384,15 @@ class HangsOnSchedule(DiesOnSchedule):
         if self.slow_save_s and self.rank == 0 and not os.path.exists(saved):
             open(saved, "w").close()
             time.sleep(self.slow_save_s)
+        if self.kill is not None and self.kill[1] == "write" and self.calls >= self.kill[2] and _in_snapshot():
+            self._die()
         return super().state_dict(*args, **kwargs)
+
+
+def _in_snapshot() -> bool:
+    import traceback
+
+    return any(frame.name.startswith("snapshot") for frame in traceback.extract_stack())
 
 
 def hangs_on_schedule(folder: str, hangs: tuple, slow_save_s: float = 0.0) -> nn.Module:

@@ -8,7 +8,7 @@ steps it redid, one console line, and the run ends with the weights of a run tha
 failed (test_train.py's full_run: the same toy, data and schedule). `ray-ddp runs`
 counts the restarts.
 
-(A hang's moments: test_hangs.py, after the first checkpoint.)"""
+(A hang at the same moments: test_hangs.py.)"""
 
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
 """A rank that stops answering, at the moments a real run meets it: the hang watch names
 it, keeps every rank's stacks and flight recorder, ends the worker group, and the run
 goes on from its latest checkpoint or from scratch, each hang one event and one line.
-One run whose rank 1 hangs mid first epoch before any checkpoint, during the first
-epoch's validation (before its checkpoint) and after the first checkpoint (which itself
-takes longer than the timeout: a meant wait, not a hang); then, resumed for one more
-epoch by a second command, after the resume. It ends with the weights of a run that never
+One run (--hang-timeout 10 --wait-timeout 20) whose rank 1 hangs in its first step, mid
+first epoch before any checkpoint, during the first epoch's validation (before its
+checkpoint) and after the first checkpoint (which itself takes longer than the timeout:
+a meant wait, not a hang), and whose rank 0 hangs writing a checkpoint; then, resumed for
+one more epoch by a second command, rank 1 after the resume. It ends with the weights of a run that never
 hung (test_train.py's full_run: the same toy, data and schedule). The same run (one run
 is cheaper than several on two cores) records a --profile trace of steps 3-5 on every
-rank and is tracked in a real MLflow server. (A hang in a checkpoint gets 10 x
---hang-timeout, one in the first step at least 30 min: tests/unit/test_hang_watch.py.)"""
+rank and is tracked in a real MLflow server. (Without --wait-timeout, a checkpoint gets
+10 x --hang-timeout and a first step at least 30 min: tests/unit/test_hang_watch.py.)"""
 
 from __future__ import annotations
 
@@ -28,25 +29,30 @@ from ._runs import final_hashes, rows_of, small
 pytestmark = pytest.mark.ray
 
 HANGS = (
-    (1, "forward", 4),    # life 1: rank 1 in step 4, nothing saved yet: from scratch, 3 steps to redo
-    (1, "validate", 10),  # life 2: rank 1 validating epoch 1, before its checkpoint: from scratch
-    (1, "forward", 15),   # life 3: rank 1 in step 15, after step 10's (slow) checkpoint: from step-10
-    None,                 # life 4: ends the first command (2 epochs)
-    (1, "forward", 3),    # life 5, the second command (resumed at step 20): rank 1 in step 23
+    (1, "forward", 1),    # life 1: rank 1 in its first step: from scratch, nothing to redo (after --wait-timeout)
+    (1, "forward", 4),    # life 2: rank 1 in step 4, nothing saved yet: from scratch, 3 steps to redo
+    (1, "validate", 10),  # life 3: rank 1 validating epoch 1, before its checkpoint: from scratch
+    (1, "forward", 15),   # life 4: rank 1 in step 15, after step 10's (slow) checkpoint: from step-10
+    (0, "write", 10),     # life 5 (from step 10): rank 0 writing step 20's checkpoint (after --wait-timeout)
+    None,                 # life 6: ends the first command (2 epochs)
+    (1, "forward", 3),    # life 7, the second command (resumed at step 20): rank 1 in step 23
 )
 # each hang: (step every rank finished, the checkpoint the new group loaded, steps redone)
-TOLD = [(3, None, 3), (10, None, 10), (14, "step-00000010", 4), (22, "step-00000020", 2)]
+TOLD = [(0, None, 0), (3, None, 3), (10, None, 10), (14, "step-00000010", 4), (20, "step-00000010", 10),
+        (22, "step-00000020", 2)]
+HUNG = [hang[0] for hang in HANGS if hang is not None]  # the rank that hung, each time
 
 
 def hung_config(storage, val, epochs, mlflow_uri):
-    return small(storage, "hung-rank", epochs=epochs, max_failures=3, hang_timeout=10, profile="3-5",
+    return small(storage, "hung-rank", epochs=epochs, max_failures=5, hang_timeout=10, wait_timeout=20,
+                 profile="3-5",
                  mlflow=mlflow_uri, val_data=val, quiet=False)
 
 
 @pytest.fixture(scope="module")
 def hung_run(ray_local, storage, tmp_path_factory, mlflow_uri):
-    """The first command: three hangs under --hang-timeout 10 (Ray's own health check
-    would take minutes to notice a process that is alive), then 2 epochs done."""
+    """The first command: five hangs under --hang-timeout 10 --wait-timeout 20 (Ray's own
+    health check would take minutes to notice a process that is alive), then 2 epochs done."""
     from user_models import hangs_on_schedule
 
     folder = tmp_path_factory.mktemp("hang")
@@ -61,26 +67,29 @@ def hung_run(ray_local, storage, tmp_path_factory, mlflow_uri):
 def test_each_hang_is_named_and_the_run_restarts_from_its_checkpoint_or_from_scratch(hung_run, storage):
     summary, lines, took, _, _ = hung_run
     assert summary.steps == 20 and summary.epochs_completed == 2
-    assert took < 240, f"the run took {took:.0f} s: the watch did not end the hung groups"
+    # (a group that slept out its hang would take an hour: 3,600 s in user_models.py)
+    assert took < 600, f"the run took {took:.0f} s: the watch did not end the hung groups"
     said = [x for x in lines if x.startswith("hang:")]
-    assert len(said) == 3, lines
-    assert "after step 3" in said[0] and "after step 10" in said[1] and "after step 14" in said[2], said
-    for line in said:
-        assert "not in a collective: rank 1 on node 127.0.0.1 at user_models.py:" in line, line
-        assert "rank 0 waits in one" in line, line
+    assert len(said) == 5, lines
+    assert all(f"after step {step}: " in line for line, (step, _, _) in zip(said, TOLD)), said
+    for line, rank in zip(said, HUNG):
+        assert f"not in a collective: rank {rank} on node 127.0.0.1 at user_models.py:" in line, line
+        assert f"rank {1 - rank} waits in one" in line, line
     assert all("in _die" in line for line in said), said  # the sleeping frame (user_models.py)
-    assert f"stacks in {storage}/hung-rank/hangs/14/" in said[2], said
+    assert f"stacks in {storage}/hung-rank/hangs/14/" in said[3], said
     events = summary.events
-    assert [e["type"] for e in events] == ["hang"] * 3, events
-    for e, (step, loaded, lost) in zip(events, TOLD):
-        assert (e["rank"], e["node"], e["step"]) == (1, "127.0.0.1", step), e
+    assert [e["type"] for e in events] == ["hang"] * 5, events
+    for e, (step, loaded, lost), rank in zip(events, TOLD, HUNG):
+        assert (e["rank"], e["node"], e["step"]) == (rank, "127.0.0.1", step), e
         assert (e["from_checkpoint"], e["steps_lost"], e["restarted"]) == (loaded, lost, True), e
     # the line after each: where the new group started and what it redid, told as the
-    # hang's (Ray Train saw only the processes the watch killed), never as a lost rank
+    # hang's (Ray Train saw only the processes the watch killed), never as a lost rank;
+    # a hang in the first step leaves nothing to redo
     restarts = [x for x in lines if re.match(r"(hang|failure) after step", x)]
     assert restarts == [f"hang after step {step}: Ray Train restarted the worker group the hang watch ended "
-                        f"(within --max-failures); restarted from {loaded or 'scratch'}: {lost} steps to redo"
-                        for step, loaded, lost in TOLD[:3]], lines
+                        f"(within --max-failures); restarted from {loaded or 'scratch'}"
+                        + (f": {lost} steps to redo" if lost else "")
+                        for step, loaded, lost in TOLD[:5]], lines
     status = json.loads((storage / "hung-rank" / "status.json").read_text())
     assert status["events"] == summary.events
 
@@ -104,11 +113,12 @@ def test_each_ranks_flight_recorder_shows_who_the_collective_waits_for(hung_run,
     assert int(status[1]["last_completed_collective"]) == enqueued[1], status
     assert f"collective {enqueued[0]} enqueued" in (folder / "rank-0.txt").read_text()
     assert "not done" in (folder / "rank-0.txt").read_text() and "not done" not in (folder / "rank-1.txt").read_text()
-    # the first collectives ran under the start-up's timeout (the watch's 30 min for a first
-    # step and its handling: 1,930 s), those after the first step under 11 x --hang-timeout:
-    # the watch acts first, the process group's timeout is the backstop
+    # the first collectives ran under the start-up's timeout (the watch's --wait-timeout for
+    # a first step and its handling: 20 + 10 + 120 s), those after the first step under
+    # --wait-timeout + --hang-timeout: the watch acts first, the process group's timeout is
+    # the backstop
     timeouts = [e["timeout_ms"] for e in record[0]["entries"]]
-    assert timeouts[0] == 1_930_000 and timeouts[-1] == 110_000 and set(timeouts) == {1_930_000, 110_000}
+    assert timeouts[0] == 150_000 and timeouts[-1] == 30_000 and set(timeouts) == {150_000, 30_000}
 
 
 def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(hung_run, storage):
@@ -134,7 +144,7 @@ def test_a_hang_after_a_resume_and_mlflow_holds_both_commands_once(hung_run, sto
     assert "after step 22" in said and "not in a collective: rank 1" in said, said
     hangs = [e for e in resumed.events if e["type"] == "hang"]
     assert [(e["step"], e["from_checkpoint"], e["steps_lost"]) for e in hangs] == TOLD, hangs
-    # four hangs, three restarts from scratch or a checkpoint: the weights of a run that never hung
+    # six hangs, each restarted from scratch or a checkpoint: the weights of a run that never hung
     rows = rows_of(resumed)
     keys = [(r["step"], r["rank"]) for r in rows]
     assert sorted(keys) == sorted(set(keys)), "each (step, rank) once: a redone step replaces its first try"
@@ -153,7 +163,7 @@ def test_a_hang_after_a_resume_and_mlflow_holds_both_commands_once(hung_run, sto
     assert mlrun.data.tags["ray_ddp.run_id"] == status["run_id"] and len(status["run_id"]) == 32
     rows = [r for r in json.loads((storage / "hung-rank" / "summary.json").read_text())["events"]]
     assert [e["type"] for e in json.loads(mlrun.data.tags["ray_ddp.events"])] == [e["type"] for e in rows]
-    assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "events.hang")] == [3, 10, 14, 22]
+    assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "events.hang")] == [0, 3, 10, 14, 20, 22]
     assert client.get_metric_history(mlrun.info.run_id, "summary.final_loss")[-1].value == \
         pytest.approx(resumed.final_loss)
     assert [a.path for a in client.list_artifacts(mlrun.info.run_id, "model")] == ["model/model.pt"]

@@ -237,7 +237,7 @@ def fake_gpt_tokens(mod, monkeypatch):
 
 
 def fake_startup(mod, monkeypatch):
-    monkeypatch.setattr(mod, "run_arm", lambda arm, env: {
+    monkeypatch.setattr(mod, "run_arm", lambda arm, env, by_process=False: {
         "arm": arm, "first_step_s": 20.0 if arm == "ray-train" else 18.0,
         "wall_s": 30.0 if arm == "ray-train" else 26.0,
         "startup_s": {"python": 2.0, "trainer": 12.0} if arm == "ray-ddp" else None})

@@ -49,6 +49,10 @@ def test_the_process_group_outwaits_the_watch_before_and_after_the_first_step():
         assert start_up_timeout_s(hang) >= first_step_patience_s(hang) + hang + 60
         assert collective_timeout_s(hang) >= MEANT_WAIT_FACTOR * hang + hang
         assert collective_timeout_s(hang) < start_up_timeout_s(hang)  # always lowered after the first step
+    # --wait-timeout: the watch's patience for a first step and a meant wait, which the
+    # process group outwaits as before
+    assert first_step_patience_s(10, 20) == 20 and start_up_timeout_s(10, 20) == 20 + 10 + 120
+    assert collective_timeout_s(10, 20) == 30 and collective_timeout_s(600, 7200) == 7800
 
 
 def test_the_workers_flight_recorder_is_on_with_the_watch_and_the_users_size_wins(monkeypatch):

@@ -60,6 +60,21 @@ def test_a_group_that_never_finishes_its_first_step_is_hung_after_the_start_ups_
     assert w.stalled(now=5 + 1799) is None
 
 
+def test_wait_timeout_is_the_patience_of_a_first_step_and_of_a_meant_wait():
+    # --hang-timeout 10 --wait-timeout 20: a first step or a checkpoint gets 20 s, not
+    # 30 min or 100 s; a step still 10
+    w = WatchState(timeout_s=10, wait_s=20)
+    _beat(w, 0, 0, now=0)
+    _beat(w, 1, 0, now=0)
+    assert w.stalled(now=19) is None and w.stalled(now=21) == {"step": 0, "since_s": 21}
+    w = WatchState(timeout_s=10, wait_s=20)
+    w.beat(0, 100, "n", "ip", 5, 5, False, now=0)
+    w.beat(1, 101, "n", "ip", 5, 5, False, now=0, waiting=True)
+    assert w.stalled(now=19) is None and w.stalled(now=21) is not None
+    w.beat(1, 101, "n", "ip", 5, 5, False, now=0, waiting=False)
+    assert w.stalled(now=11) is not None
+
+
 def test_ranks_are_asked_for_their_stacks_once():
     w = WatchState(timeout_s=1)
     _beat(w, 0, 1, now=0)
@@ -181,7 +196,7 @@ def test_ending_a_group_retries_a_kill_that_did_not_take():
 
 
 def test_a_meant_wait_gets_a_larger_timeout_not_none():
-    from ray_ddp.driver.hangs import MEANT_WAIT_FACTOR
+    from ray_ddp.worker.collectives import MEANT_WAIT_FACTOR
 
     w = WatchState(timeout_s=10)
     w.beat(0, 100, "n", "ip", 5, 5, False, now=0)
