@@ -83,6 +83,7 @@ class Table:
     rows: str | None = None           # a list in ``result`` giving a row each; None: one row per file
     skip_baseline: bool = False          # leave out the row whose arm is result["baseline"]
     when: str | None = None           # a key path: only files where it is set get a row
+    row_when: str | None = None       # a key path in a row: only rows where it is set
     title: str | None = None
 
 
@@ -143,7 +144,14 @@ BENCHES: dict[str, Bench] = {
         ("ray-train first step s", "baseline_first_step_s", "n1"), ("paired", "first_step_s_paired", "r3"),
         ("wall s", "wall_s", "n1"), ("ray-train wall s", "baseline_wall_s", "n1"),
         ("paired", "wall_s_paired", "r3"), ("CPU s", "cpu_s", "n1"), ("ray-train CPU s", "baseline_cpu_s", "n1"),
-        ("paired", "cpu_s_paired", "r3")])]),
+        ("paired", "cpu_s_paired", "r3")]),
+        Table(title="CPU seconds by process (`--by-process`; medians)", rows="arms", row_when="by_process", columns=[
+            ("Ray", "cluster", "str"), ("arm", "arm", "str"), ("CPU s", "cpu_s", "n1"),
+            ("workers", "by_process.workers", "n1"), ("controller", "by_process.controller", "n1"),
+            ("Ray Train's helpers", "by_process.Ray Train's helpers", "n1"),
+            ("ray-ddp's actors", "by_process.ray-ddp's actors", "n1"),
+            ("the command", "by_process.the command", "n1"),
+            ("Ray's own processes", "by_process.Ray's own processes", "n1"), ("other", "by_process.other", "n1")])]),
     "default_job": Bench("python benchmarks/default_job.py --rounds 3", [Table(columns=[
         ("setup", "setup", "str"), ("ray-ddp wall s", "wall_s", "n1"), ("ray-train wall s", "baseline_wall_s", "n1"),
         ("paired ray-ddp x ray-train", "paired_ratio", "r3"), ("paired per round", "paired_ratio_all", "r3list")])]),
@@ -274,6 +282,8 @@ def render_table(table: Table, records: list[tuple[str, dict]]) -> str | None:
         rows = [{}] if table.rows is None else (result.get(table.rows) or [])
         for row in rows:
             if table.skip_baseline and row.get("arm") == result.get("baseline"):
+                continue
+            if table.row_when and lookup(row, table.row_when) is None:
                 continue
             merged = {**result, **row}
             cells = leading_cells(record)
