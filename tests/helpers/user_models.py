@@ -304,10 +304,11 @@ class DiesOnSchedule(nn.Module):
     processes SIGKILL themselves at chosen moments, one per life of the worker group:
     ``kills[k] = (rank, moment, at)`` for the k-th life (lives are counted in ``folder``),
     ``moment`` "forward" (at that rank's ``at``-th training forward: during that step)
-    "save" (at the first state_dict after its ``at``-th forward: during that step's
-    checkpoint) or "validate" (at the first validation forward after its ``at``-th
-    training forward: during that epoch's validation), or None (a life without a kill). A life past the schedule trains
-    undisturbed."""
+    "write" (at the first state_dict called from the checkpoint writer's snapshot after
+    its ``at``-th forward: during that checkpoint, not the epoch's weights hash before it) or
+    "validate" (at the first validation forward after its ``at``-th training forward:
+    during that epoch's validation), or None (a life without a kill). A life past the
+    schedule trains undisturbed."""
 
     def __init__(self, folder: str, kills: tuple):
         super().__init__()
@@ -349,7 +350,7 @@ class DiesOnSchedule(nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
     def state_dict(self, *args, **kwargs):
-        if self.kill is not None and self.kill[1] == "save" and self.calls >= self.kill[2]:
+        if self.kill is not None and self.kill[1] == "write" and self.calls >= self.kill[2] and _in_snapshot():
             self._die()
         return super().state_dict(*args, **kwargs)
 
@@ -362,10 +363,7 @@ class HangsOnSchedule(DiesOnSchedule):
     """DiesOnSchedule whose chosen rank stops answering instead of dying (a stuck read, a
     deadlocked kernel): it sleeps where it would have died, and its peers wait for it in
     their next collective. With ``slow_save_s``, rank 0's first checkpoint (its first
-    state_dict ever) takes that long, as a big upload on a slow link does: not a hang.
-    One more moment, "write": in the checkpoint writer's snapshot (the first state_dict
-    called from a ``snapshot`` after the rank's ``at``-th forward, not the epoch's weights
-    hash before it)."""
+    state_dict ever) takes that long, as a big upload on a slow link does: not a hang."""
 
     def __init__(self, folder: str, hangs: tuple, slow_save_s: float = 0.0):
         super().__init__(folder, hangs)
@@ -384,8 +382,6 @@ class HangsOnSchedule(DiesOnSchedule):
         if self.slow_save_s and self.rank == 0 and not os.path.exists(saved):
             open(saved, "w").close()
             time.sleep(self.slow_save_s)
-        if self.kill is not None and self.kill[1] == "write" and self.calls >= self.kill[2] and _in_snapshot():
-            self._die()
         return super().state_dict(*args, **kwargs)
 
 

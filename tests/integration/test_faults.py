@@ -30,7 +30,7 @@ KILLS = (
     (1, "forward", 1),   # life 1: rank 1 at its first step; nothing saved: from scratch
     (1, "forward", 7),   # life 2: rank 1 at step 7, after the report of step 5: from scratch
     (1, "validate", 10),  # life 3: rank 1 validating epoch 1, before its checkpoint: from scratch
-    (0, "save", 20),     # life 4: rank 0 in step 20's checkpoint: from step-10
+    (0, "write", 20),    # life 4: rank 0 writing step 20's checkpoint: from step-10
     None,                # life 5: ends the first command (2 epochs)
     (1, "forward", 3),   # life 6, the second command (resumed at step 20): rank 1 at step 23
 )
