@@ -55,6 +55,10 @@ def run_arm(arm: str, args, data: str) -> float:
                "--lr", str(args.lr), "--optimizer", "adamw", "--epochs", "1", "--workers", str(args.workers),
                "--report-every", str(args.warmup), "--storage", out, "--name", "run", "--quiet", "--json"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    if arm == "torchrun":
+        # one intra-op thread per rank, as ray-ddp's workers run (one per reserved CPU):
+        # torchrun sets this itself only for more than one process per node
+        env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
