@@ -48,6 +48,28 @@ def test_the_weighted_micro_batches_give_the_models_loss_over_the_whole_batch(ki
         assert weighted_mean(model, task, parts) == pytest.approx(reference, rel=1e-5), cut
 
 
+def test_a_t5_on_rows_padded_by_datacollatorforseq2seq_is_exact_over_micro_batches():
+    """docs/huggingface.md's seq2seq example, as the worker meets it: ragged
+    (source, target) rows from a datasets.Dataset, padded by the collator object (the
+    targets with -100), each micro-batch padded on its own, weighted to the T5's own loss
+    over the whole batch."""
+    datasets = pytest.importorskip("datasets")
+    from hf_data import tokenizer
+
+    from ray_ddp.data.user import rows_fetcher
+
+    sources = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]  # token ids, as a tokenizer's map leaves them
+    targets = [[11], [12, 13, 14], [15, 16], [17]]     # 1 to 3 label tokens a row
+    rows = datasets.Dataset.from_dict({"input_ids": sources, "labels": targets})
+    fetch = rows_fetcher(rows, transformers.DataCollatorForSeq2Seq(tokenizer()))
+    whole, _ = fetch(torch.arange(4))
+    assert (whole["labels"] == -100).sum().item() == 3 * 4 - 7  # padded to the longest target: 7 are real
+    model = tiny("t5")
+    task = build_task("lm", 8, model=model, model_loss=True)
+    parts = [fetch(torch.tensor([0, 1]))[0], fetch(torch.tensor([2]))[0], fetch(torch.tensor([3]))[0]]
+    assert weighted_mean(model, task, parts) == pytest.approx(own_loss(model, whole), rel=1e-5)
+
+
 def test_a_pretrained_model_that_names_no_loss_type_is_weighted_by_its_labels_shape():
     class OwnModel(transformers.PreTrainedModel):  # a user's own, no head in its name
         config_class = transformers.PretrainedConfig
