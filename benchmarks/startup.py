@@ -110,7 +110,7 @@ def busy_cpu_s() -> float | None:
 # new Python process), and ray-ddp's (the hang watch and its tasks)
 RAY_TRAIN_HELPERS = ("PlacementGroupCleaner", "SynchronizationActor", "DatasetManager",
                      "_AutoscalingCoordinatorActor")
-RAY_DDP_ACTORS = ("HangWatch", "read_stacks", "dump_collectives", "processes_alive", "kill_processes")
+RAY_DDP_ACTORS = ("HangWatch", "py_spy_dump", "_alive", "_kill")  # driver/hangs.py's actor and tasks
 KINDS = ("workers", "controller", "Ray Train's helpers", "ray-ddp's actors", "the command", "Ray's own processes",
          "other")
 
@@ -122,7 +122,8 @@ def process_kind(title: str, is_command: bool) -> str:
         return "the command"
     if not title.startswith("ray::"):
         return "Ray's own processes" if "/ray/" in title or "ray." in title else "other"
-    name = title[len("ray::"):].split()[0].split(".")[0] if title[len("ray::"):].strip() else ""
+    words = title[len("ray::"):].split()
+    name = words[0].split(".")[0] if words else ""
     if name == "RayTrainWorker":
         return "workers"
     if name == "TrainController":
@@ -137,8 +138,10 @@ def process_kind(title: str, is_command: bool) -> str:
 def process_cpu() -> dict[int, tuple[float, str]]:
     """Every process's CPU seconds so far and command line, from /proc ({} elsewhere)."""
     out = {}
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
+    if not os.path.isdir("/proc"):
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -197,14 +200,15 @@ def run_arm(arm: str, env: dict, by_process: bool = False) -> dict:
             for pid, (cpu, title) in process_cpu().items():
                 seen[pid] = (cpu, better_title(seen.get(pid, (0.0, ""))[1], title))
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    if before:  # (the sampling itself costs CPU: "other" in the breakdown, and in CPU s)
+    # (the sampling itself costs CPU: "other" in the breakdown, and in CPU s)
+    sampler = threading.Thread(target=sample, daemon=True) if before else None
+    if sampler is not None:
         sampler.start()
     stdout, stderr = proc.communicate()
     wall = time.time() - launched
     cpu = busy_cpu_s() - cpu_before if cpu_before is not None else None
     done.set()
-    if before:
+    if sampler is not None:
         sampler.join()
     if proc.returncode != 0:
         shutil.rmtree(storage, ignore_errors=True)

@@ -45,8 +45,7 @@ HUNG = [hang[0] for hang in HANGS if hang is not None]  # the rank that hung, ea
 
 def hung_config(storage, val, epochs, mlflow_uri):
     return small(storage, "hung-rank", epochs=epochs, max_failures=5, hang_timeout=10, wait_timeout=20,
-                 profile="3-5",
-                 mlflow=mlflow_uri, val_data=val, quiet=False)
+                 profile="3-5", mlflow=mlflow_uri, val_data=val, quiet=False)
 
 
 @pytest.fixture(scope="module")

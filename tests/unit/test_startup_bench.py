@@ -27,6 +27,7 @@ def test_each_kind():
     assert process_kind("ray::PlacementGroupCleaner", False) == "Ray Train's helpers"
     assert process_kind("ray::DatasetManager", False) == "Ray Train's helpers"
     assert process_kind("ray::HangWatch.beat", False) == "ray-ddp's actors"
+    assert process_kind("ray::_kill", False) == "ray-ddp's actors"  # the hang watch's task on a node
     assert process_kind("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --a", False) == \
         "Ray's own processes"
     assert process_kind(WORKER_START, False) == "Ray's own processes"  # an idle worker never used
