@@ -25,7 +25,7 @@ TEST_ONLY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_PREEMPTI
 
 # The suite must pass on any machine, and in-process runs must not size themselves from
 # the machine when Ray was already running (a notebook's ray.init, the shared Ray below):
-# this process reports 16 cores, so a default taken from the machine would ask the 4-CPU
+# this process reports 16 cores, so a default taken from the machine would ask the 12-CPU
 # Ray for 2 x 8 CPUs and fail. Subprocesses (the CLI runs) see the real machine.
 os.cpu_count = lambda: 16
 
@@ -38,10 +38,12 @@ sys.path.insert(0, os.path.join(HERE, "helpers"))
 @pytest.fixture(scope="session")
 def ray_local():
     """One real local Ray for every in-process integration test (starting Ray costs ~10 s).
-    8 CPU slots on any machine: room for runs of 2 workers side by side (test_fsdp)."""
+    12 CPU slots on any machine: room for the stories that run in the background
+    (conftest.py's EARLY_STORIES, 2 workers each) beside 6 workers of the test at hand
+    (test_data's and test_fsdp's runs side by side)."""
     import ray
 
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=12, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
     yield ray
     ray.shutdown()

@@ -31,16 +31,55 @@ def mlflow_uri(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def multinode(tmp_path_factory, ray_local):
-    """test_multinode.py's two-node cluster, and its elastic story running on it in a thread."""
+    """test_multinode.py's two-node cluster, and its elastic story and jobs running on it in a thread."""
     from .test_multinode import cluster_and_story
 
     yield from cluster_and_story(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def hang_story(tmp_path_factory, ray_local, storage, mlflow_uri):
+    """test_hangs.py's two commands, running in a thread on the shared Ray."""
+    from .test_hangs import start_hang_story
+
+    started = start_hang_story(storage, tmp_path_factory.mktemp("hang"), mlflow_uri)
+    yield started
+    started[0].join(timeout=600)  # never leave it running past the shared Ray
+
+
+@pytest.fixture(scope="session")
+def tune_story(tmp_path_factory, ray_local, storage, mlflow_uri):
+    """test_tune.py's search file, and its search running in a thread on the shared Ray."""
+    from .test_tune import start_search
+
+    search_file, started = start_search(storage, tmp_path_factory.mktemp("tune"), mlflow_uri)
+    yield search_file, started
+    started[0].join(timeout=600)
+
+
+@pytest.fixture(scope="session")
+def default_job(tmp_path_factory):
+    """test_cli.py's `ray-ddp train --json`, a process of its own (with a Ray of its own)."""
+    from .test_cli import start_default_job
+
+    proc, home = start_default_job(tmp_path_factory.mktemp("default-job"))
+    yield proc, home
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+# Stories that spend most of their minutes waiting (on a drain's deadline, on Ray's
+# restarts, on the hang watch's timeouts, on Tune, on a Ray of its own): when their module is among the tests, each
+# starts with the first integration test and runs beside the others, which fill its
+# waits with their work (they share the CPUs and, but for the multinode cluster, the Ray).
+EARLY_STORIES = {"test_multinode": "multinode", "test_hangs": "hang_story", "test_tune": "tune_story",
+                 "test_cli": "default_job"}
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _start_the_multinode_story_early(request):
-    """The elastic story takes about 4.5 minutes, most of them waiting on Ray: when
-    test_multinode.py is among the tests, it starts with the first integration test and
-    runs beside the others (they share the CPUs, not a Ray)."""
-    if any(item.module.__name__.endswith("test_multinode") for item in request.session.items):
-        request.getfixturevalue("multinode")
+def _start_the_waiting_stories_early(request):
+    modules = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items}
+    for module, fixture in EARLY_STORIES.items():
+        if module in modules:
+            request.getfixturevalue(fixture)

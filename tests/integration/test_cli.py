@@ -14,15 +14,26 @@ from tests.conftest import TEST_ONLY_ENV
 pytestmark = pytest.mark.ray
 
 
-def test_train_with_no_flags_runs_the_default_toy_job(tmp_path):
-    env = {**os.environ, "HOME": str(tmp_path)}
+def start_default_job(home):
+    """The command as a process of its own, started (conftest.py's ``default_job`` starts
+    it with the first integration test: most of its wall time is its own Ray's start-up
+    and Ray Train's production polling, which the other tests fill)."""
+    env = {**os.environ, "HOME": str(home)}
     env.pop("RAY_ADDRESS", None)
-    # Ray Train's production timing (workers polled every 2 s, not the suite's 0.5 s), so
+    # Ray Train's production timing (workers polled every 2 s, not the suite's 0.25 s), so
     # report batching is tested as users get it
     for name in TEST_ONLY_ENV:
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-m", "ray_ddp", "train", "--json"], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    with open(home / "stdout", "w") as out, open(home / "stderr", "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "ray_ddp", "train", "--json"], env=env,
+                                stdout=out, stderr=err, text=True, cwd=home), home
+
+
+def test_train_with_no_flags_runs_the_default_toy_job(default_job):
+    started, tmp_path = default_job
+    started.wait(timeout=300)
+    proc = subprocess.CompletedProcess(started.args, started.returncode, (tmp_path / "stdout").read_text(),
+                                       (tmp_path / "stderr").read_text())
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     # a Ray of its own: the 2 CPU workers share the machine's real cores (this test process

@@ -24,7 +24,7 @@ import pytest
 from ray_ddp import run
 from ray_ddp.data.synth_files import write_synthetic
 
-from ._runs import final_hashes, rows_of, small
+from ._runs import final_hashes, rows_of, run_in_thread, small, summary_of
 
 pytestmark = pytest.mark.ray
 
@@ -48,23 +48,39 @@ def hung_config(storage, val, epochs, mlflow_uri):
                  profile="3-5", mlflow=mlflow_uri, val_data=val, quiet=False)
 
 
-@pytest.fixture(scope="module")
-def hung_run(ray_local, storage, tmp_path_factory, mlflow_uri):
-    """The first command: five hangs under --hang-timeout 10 --wait-timeout 20 (Ray's own
-    health check would take minutes to notice a process that is alive), then 2 epochs done."""
+def start_hang_story(storage, folder, mlflow_uri):
+    """Both commands, one after the other, in a thread (conftest.py's ``hang_story`` starts
+    it with the first integration test: most of its minutes are the watch's waits, which
+    the other tests fill). The first: five hangs under --hang-timeout 10 --wait-timeout 20
+    (Ray's own health check would take minutes to notice a process that is alive), then 2
+    epochs done; the second: resumed for a third epoch, with one more hang."""
     from user_models import hangs_on_schedule
 
-    folder = tmp_path_factory.mktemp("hang")
-    write_synthetic(str(folder / "val"), rows=64, features=10, targets=5, seed=9)
-    lines: list[str] = []
+    val = str(folder / "val")
+    write_synthetic(val, rows=64, features=10, targets=5, seed=9)
     model = functools.partial(hangs_on_schedule, str(folder / "lives"), HANGS, 13.0)
-    started = time.monotonic()
-    summary = run(hung_config(storage, str(folder / "val"), 2, mlflow_uri), echo=lines.append, model=model)
-    return summary, lines, time.monotonic() - started, model, str(folder / "val")
+
+    def tell() -> dict:
+        first: list[str] = []
+        started = time.monotonic()
+        summary = run(hung_config(storage, val, 2, mlflow_uri), echo=first.append, model=model)
+        took = time.monotonic() - started
+        status = json.loads((storage / "hung-rank" / "status.json").read_text())  # the second rewrites it
+        second: list[str] = []
+        cfg = dataclasses.replace(hung_config(storage, val, 3, mlflow_uri), max_failures=1)
+        resumed = run(cfg, echo=second.append, model=model)
+        return dict(summary=summary, lines=first, took=took, status=status, resumed=resumed, resumed_lines=second)
+
+    return run_in_thread(None, tell)
 
 
-def test_each_hang_is_named_and_the_run_restarts_from_its_checkpoint_or_from_scratch(hung_run, storage):
-    summary, lines, took, _, _ = hung_run
+@pytest.fixture(scope="module")
+def story(hang_story):
+    return summary_of(*hang_story)
+
+
+def test_each_hang_is_named_and_the_run_restarts_from_its_checkpoint_or_from_scratch(story, storage):
+    summary, lines, took = story["summary"], story["lines"], story["took"]
     assert summary.steps == 20 and summary.epochs_completed == 2
     # (a group that slept out its hang would take an hour: 3,600 s in user_models.py)
     assert took < 600, f"the run took {took:.0f} s: the watch did not end the hung groups"
@@ -89,18 +105,17 @@ def test_each_hang_is_named_and_the_run_restarts_from_its_checkpoint_or_from_scr
                         f"(within --max-failures); restarted from {loaded or 'scratch'}"
                         + (f": {lost} steps to redo" if lost else "")
                         for step, loaded, lost in TOLD[:5]], lines
-    status = json.loads((storage / "hung-rank" / "status.json").read_text())
-    assert status["events"] == summary.events
+    assert story["status"]["events"] == summary.events
 
 
-def test_the_hung_ranks_stack_shows_the_sleeping_frame(hung_run, storage):
+def test_the_hung_ranks_stack_shows_the_sleeping_frame(story, storage):
     folder = storage / "hung-rank" / "hangs" / "14"
     hung, waiting = (folder / "rank-1.txt").read_text(), (folder / "rank-0.txt").read_text()
     assert hung.startswith("rank 1: NOT in a collective, at user_models.py:") and "time.sleep(3600)" in hung
     assert waiting.startswith("rank 0: waiting in a collective") and "backward" in waiting
 
 
-def test_each_ranks_flight_recorder_shows_who_the_collective_waits_for(hung_run, storage):
+def test_each_ranks_flight_recorder_shows_who_the_collective_waits_for(story, storage):
     folder = storage / "hung-rank" / "hangs" / "14"
     record = {rank: json.loads((folder / f"rank-{rank}.collectives.json").read_text()) for rank in (0, 1)}
     status = {rank: record[rank]["pg_status"]["0"] for rank in (0, 1)}
@@ -120,8 +135,8 @@ def test_each_ranks_flight_recorder_shows_who_the_collective_waits_for(hung_run,
     assert timeouts[0] == 150_000 and timeouts[-1] == 30_000 and set(timeouts) == {150_000, 30_000}
 
 
-def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(hung_run, storage):
-    summary = hung_run[0]
+def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(story, storage):
+    summary = story["summary"]
     assert summary.profile == f"{storage}/hung-rank/profile"
     for rank in (0, 1):
         trace = json.loads((storage / "hung-rank" / "profile" / f"rank-{rank}.pt.trace.json").read_text())
@@ -131,13 +146,10 @@ def test_profile_writes_a_chrome_trace_of_the_steps_on_every_rank(hung_run, stor
         assert any("addmm" in n for n in names) and any("allreduce" in n.lower() for n in names)
 
 
-def test_a_hang_after_a_resume_and_mlflow_holds_both_commands_once(hung_run, storage, mlflow_uri, full_run):
+def test_a_hang_after_a_resume_and_mlflow_holds_both_commands_once(story, storage, mlflow_uri, full_run):
     from mlflow.tracking import MlflowClient
 
-    _, _, _, model, val = hung_run
-    lines: list[str] = []
-    cfg = hung_config(storage, val, 3, mlflow_uri)
-    resumed = run(dataclasses.replace(cfg, max_failures=1), echo=lines.append, model=model)
+    resumed, lines = story["resumed"], story["resumed_lines"]
     assert resumed.steps == 30 and resumed.resumed_from.endswith("step-00000020")
     [said] = [x for x in lines if x.startswith("hang:")]
     assert "after step 22" in said and "not in a collective: rank 1" in said, said

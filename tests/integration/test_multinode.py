@@ -7,8 +7,8 @@ loopback, with Ray's token authentication on; see _cluster.py), and what runs on
   and taken before the deadline. One story, two runs: each start of Ray Train costs ~20 s here.
 The story takes about 3 minutes, most of them waiting (a 30-s drain deadline, Ray's
 restarts), so it starts with the first integration test, in a thread (conftest.py's
-``multinode``), and runs beside the others; its tests read what it saw. The jobs run once
-it is over, on a new node b."""
+``multinode``), and runs beside the others; the jobs follow in the same thread, once it
+is over, on a new node b; the tests read what they saw."""
 
 from __future__ import annotations
 
@@ -73,17 +73,6 @@ def story(multinode):
     return multinode[1].result()
 
 
-@pytest.fixture(scope="module")
-def cluster(multinode, story):
-    """The cluster once the story is over, with a node b again (the story's was taken);
-    stopped when this module is done, so its daemons idle beside no other test."""
-    c = multinode[0]
-    if "b" not in c.procs:
-        c.add_node("b")
-    yield c
-    c.stop()
-
-
 def job_status(c: LoopbackCluster, job_id: str) -> str:
     code = ("from ray.job_submission import JobSubmissionClient as C; "
             f"print(C({c.dashboard!r}).get_job_status({job_id!r}).value)")
@@ -97,15 +86,30 @@ def submitted_job_id(output: str) -> str:
     raise AssertionError(f"no job id in:\n{output}")
 
 
-def test_submit_job_trains_across_two_nodes(cluster, tmp_path):
-    storage = tmp_path / "runs"
-    env = {**cluster.env, "RAY_ADDRESS": cluster.dashboard, "STORAGE": str(storage), "NAME": "job1"}
-    out = subprocess.run(cluster.prefix + ["bash", os.path.join(ROOT, "examples", "submit_job.sh"),
-                                           "--workers", "2", "--epochs", "2", "--steps-per-epoch", "10",
-                                           "--report-every", "5", "--json"],
-                         env=env, capture_output=True, text=True, timeout=600)
+def submit_jobs(c: LoopbackCluster, storage) -> dict:
+    """After the story, on a new node b: `ray job submit` of a job across both nodes, and
+    of one that cannot fit; what each printed, Ray's status of it, and how long it took."""
+    if "b" not in c.procs:
+        c.add_node("b")
+    jobs = {}
+    for name, args in (("job1", ["--workers", "2", "--epochs", "2", "--steps-per-epoch", "10",
+                                 "--report-every", "5", "--json"]),
+                       ("nofit", ["--gpus-per-worker", "1", "--workers", "8"])):
+        env = {**c.env, "RAY_ADDRESS": c.dashboard, "STORAGE": str(storage), "NAME": name}
+        started = time.time()
+        out = subprocess.run(c.prefix + ["bash", os.path.join(ROOT, "examples", "submit_job.sh"), *args],
+                             env=env, capture_output=True, text=True, timeout=600)
+        took = time.time() - started
+        status = job_status(c, submitted_job_id(out.stdout)) if "submitted successfully" in out.stdout else None
+        jobs[name] = dict(out=out, took=took, status=status)
+    return jobs
+
+
+def test_submit_job_trains_across_two_nodes(story):
+    storage, job = story["jobs_storage"], story["jobs"]["job1"]
+    out = job["out"]
     assert out.returncode == 0, out.stdout + out.stderr
-    assert job_status(cluster, submitted_job_id(out.stdout)) == "SUCCEEDED"
+    assert job["status"] == "SUCCEEDED"
     summary = json.loads([l for l in out.stdout.splitlines() if l.startswith('{"run"')][-1])
     assert (summary["world_size"], summary["epochs_completed"]) == (2, 2)
     assert os.path.isfile(os.path.join(summary["checkpoint"], "model.pt"))
@@ -114,19 +118,16 @@ def test_submit_job_trains_across_two_nodes(cluster, tmp_path):
     assert len({r["node_id"] for r in rows}) == 2, "one worker on each of the two Ray nodes"
 
 
-def test_job_that_cannot_fit_fails_fast_with_one_line(cluster, tmp_path):
-    env = {**cluster.env, "RAY_ADDRESS": cluster.dashboard, "STORAGE": str(tmp_path), "NAME": "nofit"}
-    started = time.time()
-    out = subprocess.run(cluster.prefix + ["bash", os.path.join(ROOT, "examples", "submit_job.sh"),
-                                           "--gpus-per-worker", "1", "--workers", "8"],
-                         env=env, capture_output=True, text=True, timeout=300)
+def test_job_that_cannot_fit_fails_fast_with_one_line(story):
+    storage, job = story["jobs_storage"], story["jobs"]["nofit"]
+    out = job["out"]
     assert out.returncode == 1
     assert ("needs 8 workers x 1 GPU = 8 GPU; the cluster has 0 GPU and no autoscaler; "
             "pass --gpus-per-worker 0 to train on CPU") in out.stdout
     assert "Traceback" not in out.stdout
-    assert job_status(cluster, submitted_job_id(out.stdout)) == "FAILED"
-    assert not (tmp_path / "nofit").exists()
-    assert time.time() - started < 60  # generous: the job itself fails in seconds
+    assert job["status"] == "FAILED"
+    assert not (storage / "nofit").exists()
+    assert job["took"] < 60  # generous: the job itself fails in seconds
 
 
 # ------------------------------------------------------------------ the elastic story
@@ -177,11 +178,22 @@ class Story:
     grows back to 2 workers; b is drained for preemption with a 30 s deadline, and killed
     10 s into it, after the preemption checkpoint; B finishes on the head. Beside it, on the local Ray,
     the reference: the same global batch on a fixed world of 2, never resized. Runs in a
-    thread from its creation; ``result()`` waits for it (and raises what it raised)."""
+    thread from its creation, and the jobs after it; ``result()`` waits for both (and raises
+    what they raised)."""
 
     def __init__(self, cluster: LoopbackCluster, storage):
         self.cluster, self.storage = cluster, storage
-        self.thread, self.outcome = run_in_thread(None, self._tell)
+        self.thread, self.outcome = run_in_thread(None, self._tell_then_submit)
+
+    def _tell_then_submit(self) -> dict:
+        """The story, then the jobs on a new node b; then the cluster stops, so its
+        daemons idle beside no other test."""
+        try:
+            told = self._tell()
+            jobs_storage = self.storage / "jobs"
+            return {**told, "jobs": submit_jobs(self.cluster, jobs_storage), "jobs_storage": jobs_storage}
+        finally:
+            self.cluster.stop()
 
     def result(self) -> dict:
         return summary_of(self.thread, self.outcome)

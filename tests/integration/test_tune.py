@@ -23,12 +23,12 @@ from ray_ddp import ConfigError
 from ray_ddp.tune.search import run_search
 from ray_ddp.tune.space import load_tune_config
 
+from ._runs import run_in_thread, summary_of
+
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def search_file(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune")
+def write_search_file(root):
     subprocess.run([sys.executable, "-m", "ray_ddp", "data", "synth", "--rows", "512", "--out",
                     str(root / "rows.parquet"), "--files", "1"], check=True, capture_output=True)
     path = root / "search.yaml"
@@ -46,13 +46,26 @@ def search_file(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def searched(ray_local, storage, search_file, mlflow_uri):
+def start_search(storage, root, mlflow_uri):
+    """The search, tracked in MLflow, in a thread (conftest.py's ``tune_story`` starts it
+    with the first integration test: its trials mostly wait on Tune and Ray Train, and
+    the other tests fill those waits). Returns the search file and the started thread."""
+    search_file = write_search_file(root)
     lines: list[str] = []
     tracked = search_file.with_name("tracked.yaml")  # the same search, tracked in MLflow
     tracked.write_text(yaml.safe_dump({**yaml.safe_load(search_file.read_text()), "mlflow": mlflow_uri}))
     tc = load_tune_config(str(tracked), {"storage": str(storage), "name": "search"})
-    return run_search(tc, echo=lines.append), lines
+    return search_file, run_in_thread(None, lambda: (run_search(tc, echo=lines.append), lines))
+
+
+@pytest.fixture(scope="module")
+def search_file(tune_story):
+    return tune_story[0]
+
+
+@pytest.fixture(scope="module")
+def searched(tune_story):
+    return summary_of(*tune_story[1])
 
 
 def test_trials_parquet_and_best_json_say_what_asha_decided(searched, storage):
@@ -108,8 +121,8 @@ def test_the_search_is_an_mlflow_run_and_each_trial_one_nested_under_it(searched
 
 
 def test_the_preflight_refuses_more_trials_than_the_cluster_holds(ray_local, storage, search_file):
-    tc = load_tune_config(str(search_file), {"storage": str(storage), "name": "too-big", "concurrent": 9})
-    with pytest.raises(ConfigError, match=r"9 trials at once x 1 workers x 1 CPU = 9 CPU; the cluster has 8"):
+    tc = load_tune_config(str(search_file), {"storage": str(storage), "name": "too-big", "concurrent": 13})
+    with pytest.raises(ConfigError, match=r"13 trials at once x 1 workers x 1 CPU = 13 CPU; the cluster has 12"):
         run_search(tc)
     assert not (storage / "too-big").exists()
 
