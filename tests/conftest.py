@@ -35,6 +35,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "helpers"))
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`-n 2` in pyproject.toml), every test in tests/integration (the
+    `ray` lane) goes to one pytest process, in order: they share one Ray (below) and its
+    background stories (tests/integration/conftest.py), which a second process would
+    start again. The other process takes the unit tests meanwhile. (xdist's own
+    `--dist loadgroup` would say this with a mark, but it stopped grouping under pytest
+    9.2: pytest-dev/pytest-xdist#1386.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class IntegrationInOneProcess(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/integration" if nodeid.startswith("tests/integration/") else nodeid
+
+    return IntegrationInOneProcess(config, log)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """One real local Ray for every in-process integration test (starting Ray costs ~10 s).
