@@ -23,13 +23,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ray_ddp.errors import ConfigError
+from ray_ddp.run_folder import RunFolder
 
-METRICS_FILE = "metrics.parquet"
-EVAL_FILE = "eval.parquet"
-PROGRESS_FILE = "progress.json"
-SUMMARY_FILE = "summary.json"
-PROFILE_FOLDER = "profile"  # --profile's traces: rank-<r>.pt.trace.json
-STATUS_FILE = "status.json"
 
 
 @dataclass(frozen=True)
@@ -42,6 +37,10 @@ class StorageConfig:
 
     def run_path(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
+
+    def run_folder(self, name: str) -> RunFolder:
+        """The paths of run ``name``'s folder (run_folder.py names every file in it)."""
+        return RunFolder(self.run_path(name))
 
     def uri_of(self, *parts: str) -> str:
         """A place under the storage as the user can open it: a local path, or for a URI

@@ -22,7 +22,8 @@ from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.summary import RunSummary
 from ray_ddp.driver.run import run
-from ray_ddp.storage import METRICS_FILE, read_table, resolve_storage
+from ray_ddp.run_folder import METRICS_FILE
+from ray_ddp.storage import read_table, resolve_storage
 from ray_ddp.models.builtin import ToyModel
 
 # the demos' names live in config/choices.py, which `ray-ddp --help` imports without torch;
@@ -68,7 +69,7 @@ def run_demo(name: str, workers: Optional[int] = None, storage: str = "~/ray_ddp
 
 def _metrics_rows(summary: RunSummary) -> list[dict]:
     store = resolve_storage(summary.path.rsplit("/", 1)[0])
-    table = read_table(store.fs, f"{store.run_path(summary.run)}/{METRICS_FILE}")
+    table = read_table(store.fs, store.run_folder(summary.run).metrics)
     if table is None:
         raise DemoFailed(f"run {summary.run} left no {METRICS_FILE}")
     return table.to_pylist()

@@ -17,7 +17,8 @@ from ray_ddp.driver.failures import describe_loss, summarize_failure
 from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig, RestartState, decide_restart
 from ray_ddp.cluster.runtime_env import nccl_hang_env, train_controller_env, worker_runtime_env
 from ray_ddp.driver.progress import show_progress
-from ray_ddp.storage import METRICS_FILE, PROGRESS_FILE, StorageConfig, read_json, read_table
+from ray_ddp.run_folder import RunFolder
+from ray_ddp.storage import StorageConfig, read_json, read_table
 from ray_ddp.driver.start import StartState, planned_steps
 from ray_ddp.driver.status import read_events, write_status
 from ray_ddp.errors import TrainingError
@@ -90,7 +91,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     finally:
         monitor.close()
 
-    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
+    table = read_table(store.fs, RunFolder(run_path).metrics)
     stretches = world_stretches(table) if table is not None and table.num_rows else None
     # the table holds the whole run: its preemptions and resizes, earlier commands' too
     write_status(store, run_path, "complete", cfg, placement, stretches=stretches,
@@ -101,7 +102,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
 def controller_events(store: StorageConfig, run_path: str) -> list[Event]:
     """The worker-group restarts the metrics callback saw within one fit (progress.json)."""
     try:
-        return from_records((read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}).get("events"))
+        return from_records((read_json(store.fs, RunFolder(run_path).progress) or {}).get("events"))
     except ValueError:
         return []
 
@@ -129,7 +130,7 @@ def _decide_restart(err: TrainingError, restarts: RestartState, policy: RestartP
     (those preempted, those the ranks ran on); None when no rank explains the failure."""
     if err.failure is None:
         return None
-    progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
+    progress = read_json(store.fs, RunFolder(run_path).progress) or {}
     preempted = {n for p in progress.get("preemptions") or [] for n in str(p.get("node_id", "")).split(",") if n}
     run_nodes = {str(n) for n in (progress.get("nodes") or {}).values() if n}
     return decide_restart(err.failure, policy, restarts, preempted, run_nodes, scan.latest)
@@ -193,7 +194,7 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
 def _training_error(err: Exception, run_path: str, store: StorageConfig) -> TrainingError:
     """One line for the user: the rank that explains the failure (a dead worker or node
     before the survivors' broken connections) and its cause."""
-    progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
+    progress = read_json(store.fs, RunFolder(run_path).progress) or {}
     failures = getattr(err, "worker_failures", None) or {}
     if not failures:
         text = str(err).strip().splitlines()

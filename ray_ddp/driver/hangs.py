@@ -2,8 +2,7 @@
 long, write every rank's stacks to ``<run>/hangs/<step>/rank-<r>.txt``, say in one line
 which ranks are not waiting in a collective, and end the worker group so Ray Train
 restarts it from the latest checkpoint (counted against --max-failures). Runs on the
-driver; ``HangWatch`` is a small actor the workers' heartbeats (worker/heartbeat.py)
-call.
+driver; ``HangWatch`` is a small actor the workers' heartbeats (worker/heartbeat.py) call.
 
 Without it a rank stuck in a read or a kernel holds its peers in their next collective:
 on gloo until a health check happens to fail, on NCCL until the process group's timeout
@@ -17,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+from ray_ddp.run_folder import RunFolder
 from ray_ddp.driver.events import Event
 from ray_ddp.worker.collectives import describe_collectives, first_step_patience_s, meant_wait_patience_s
 from ray_ddp.worker.heartbeat import py_spy_dump
@@ -187,7 +187,7 @@ class HangMonitor:
         ended = False
         try:
             stacks = self._collect_stacks(ranks)
-            folder = f"{self.run_path}/hangs/{stall['step']}"
+            folder = RunFolder(self.run_path).hangs(stall["step"])
             try:
                 write_stacks(self.store.fs, folder, stacks)
                 where = f"stacks in {folder}/"

@@ -16,7 +16,8 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 from ray_ddp.driver.events import Event, attribute_hangs, from_records, where_restarted
-from ray_ddp.storage import PROGRESS_FILE, StorageConfig, read_json
+from ray_ddp.run_folder import RunFolder
+from ray_ddp.storage import StorageConfig, read_json
 
 
 def format_progress(p: dict[str, Any]) -> str:
@@ -110,7 +111,7 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     if terminal is None:
         terminal = echo is print and sys.stdout.isatty()
     bar = _Bar() if terminal else None
-    path = f"{run_path}/{PROGRESS_FILE}"
+    path = RunFolder(run_path).progress
     seen = read_json(store.fs, path)  # a resumed run's old file: not news
     last_time = seen["time"] if seen else None
     warned: set[tuple[int, int]] = set()

@@ -22,7 +22,7 @@ from ray_ddp.data.ray_data import is_ray_dataset, plan_ray_data
 from ray_ddp.data.saved import open_saved_datasets
 from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
-from ray_ddp.storage import SUMMARY_FILE, StorageConfig, check_writable, read_json, resolve_storage
+from ray_ddp.storage import StorageConfig, check_writable, read_json, resolve_storage
 from ray_ddp.driver.events import from_records
 from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.start import StartState, find_start
@@ -67,7 +67,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     elif init_from is not None:
         check_init_from(cfg, model, init_from)  # the keys, before any worker reads the weights
     if start.complete:
-        summary = read_json(store.fs, f"{store.run_path(cfg.name)}/{SUMMARY_FILE}")
+        summary = read_json(store.fs, store.run_folder(cfg.name).summary)
         if summary is not None:
             return RunSummary(**{**summary, "already_complete": True})
         return write_summary(cfg, store, None, start.resumed_from, started)

@@ -11,7 +11,7 @@ from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.status import new_run_id, read_run_id
-from ray_ddp.storage import METRICS_FILE, StorageConfig, read_table
+from ray_ddp.storage import StorageConfig, read_table
 from ray_ddp.observe.summarize import early_stop_row
 
 
@@ -65,7 +65,7 @@ def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, 
     if not saved or meta.get("epoch_step", 0) or (cfg.early_stop is not None and cfg.early_stop > saved):
         return False
 
-    table = read_table(store.fs, f"{store.run_path(cfg.name)}/{METRICS_FILE}")
+    table = read_table(store.fs, store.run_folder(cfg.name).metrics)
     return early_stop_row(table, meta["step"]) is not None
 
 

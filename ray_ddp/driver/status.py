@@ -9,13 +9,14 @@ from typing import Optional
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.driver.events import Event, from_records, to_records
-from ray_ddp.storage import STATUS_FILE, StorageConfig, read_json, write_json
+from ray_ddp.run_folder import RunFolder
+from ray_ddp.storage import StorageConfig, read_json, write_json
 
 
 def read_events(store: StorageConfig, run_path: str) -> list[Event]:
     """The events status.json holds from earlier commands of the run."""
     try:
-        return from_records((read_json(store.fs, f"{run_path}/{STATUS_FILE}") or {}).get("events"))
+        return from_records((read_json(store.fs, RunFolder(run_path).status) or {}).get("events"))
     except ValueError:
         return []
 
@@ -24,7 +25,7 @@ def read_run_id(store: StorageConfig, run_path: str) -> Optional[str]:
     """The run folder's own id (status.json ``run_id``), or None: a new folder, or one
     written before run ids were kept."""
     try:
-        run_id = (read_json(store.fs, f"{run_path}/{STATUS_FILE}") or {}).get("run_id")
+        run_id = (read_json(store.fs, RunFolder(run_path).status) or {}).get("run_id")
     except ValueError:
         return None
     return run_id if isinstance(run_id, str) and run_id.isalnum() else None
@@ -44,7 +45,7 @@ def write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConf
     the world-size stretches until a finished run gives new ones, and the events until
     new ones are given (every event of the run so far: driver/events.py). Reads nothing
     else, so a failure path can always write it."""
-    path = f"{run_path}/{STATUS_FILE}"
+    path = RunFolder(run_path).status
     store.fs.create_dir(run_path, recursive=True)
     try:
         old = read_json(store.fs, path) or {}

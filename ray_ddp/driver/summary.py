@@ -10,7 +10,8 @@ from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
-from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROFILE_FOLDER, SUMMARY_FILE, StorageConfig, read_table, write_json
+from ray_ddp.run_folder import METRICS_FILE, PROFILE_FOLDER, RunFolder
+from ray_ddp.storage import StorageConfig, read_table, write_json
 from ray_ddp.driver.status import read_events
 from ray_ddp.checkpoint.retention import best_checkpoint
 from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
@@ -114,7 +115,7 @@ def profile_folder(store: StorageConfig, name: str) -> Optional[str]:
     """Where --profile's traces are, if any were written."""
     from pyarrow.fs import FileSelector
 
-    found = store.fs.get_file_info(FileSelector(f"{store.run_path(name)}/{PROFILE_FOLDER}", allow_not_found=True))
+    found = store.fs.get_file_info(FileSelector(store.run_folder(name).profile, allow_not_found=True))
     return store.uri_of(name, PROFILE_FOLDER) if any(i.base_name.endswith(".pt.trace.json") for i in found) else None
 
 
@@ -126,8 +127,8 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
     scan = find_latest_checkpoint(store.fs, run_path)
     meta = scan.meta or {}
     saved_cfg = meta.get("config", {})
-    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
-    evals = read_table(store.fs, f"{run_path}/{EVAL_FILE}")
+    table = read_table(store.fs, RunFolder(run_path).metrics)
+    evals = read_table(store.fs, RunFolder(run_path).evals)
     validation = summarize_evals(evals.to_pylist() if evals is not None else [], run_path, store.fs,
                                  (lambda best: store.uri_of(cfg.name, best)) if cfg.keep_best else None)
     resumed_step = int(resumed_meta["step"]) if resumed_meta else 0
@@ -166,5 +167,5 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
         profile=profile_folder(store, cfg.name),
         **validation,
     )
-    write_json(store.fs, f"{run_path}/{SUMMARY_FILE}", summary.to_dict())
+    write_json(store.fs, RunFolder(run_path).summary, summary.to_dict())
     return summary

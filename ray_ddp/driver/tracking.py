@@ -10,7 +10,8 @@ import os
 from typing import Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.storage import PROGRESS_FILE, StorageConfig, read_json
+from ray_ddp.run_folder import RunFolder
+from ray_ddp.storage import StorageConfig, read_json
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import Event
@@ -55,7 +56,7 @@ def close_run_tracking(tracking, store: StorageConfig, cfg: TrainConfig, summary
     ok = log_events(tracking, events) if events else True
     ok = finish_tracking(tracking, summary or {}, status, model) and ok
     try:
-        ok = ok and not (read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}).get("mlflow_failed")
+        ok = ok and not (read_json(store.fs, RunFolder(run_path).progress) or {}).get("mlflow_failed")
     except ValueError:
         pass
     if not ok:

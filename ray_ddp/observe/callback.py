@@ -10,7 +10,8 @@ import time
 
 import pyarrow as pa
 from ray.train import UserCallback
-from ray_ddp.storage import EVAL_FILE, METRICS_FILE, PROGRESS_FILE, read_table, resolve_storage, write_json, write_table
+from ray_ddp.run_folder import RunFolder
+from ray_ddp.storage import read_table, resolve_storage, write_json, write_table
 from ray_ddp.checkpoint.retention import prune_checkpoints
 from ray_ddp.driver.events import Event, restart_event, to_records
 from ray_ddp.driver.failures import FailureSummary
@@ -49,10 +50,11 @@ class MetricsCallback(UserCallback):
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         store = resolve_storage(self.storage)
         run_path = store.run_path(self.name)
+        folder = RunFolder(run_path)
         windows = unpack_windows(metrics)
         if self._rows is None:
-            self._rows = _load_rows(store.fs, f"{run_path}/{METRICS_FILE}")
-            self._evals = _load_rows(store.fs, f"{run_path}/{EVAL_FILE}")
+            self._rows = _load_rows(store.fs, folder.metrics)
+            self._evals = _load_rows(store.fs, folder.evals)
         # Windows end on fixed steps, so a restarted worker group (or a resumed run)
         # re-reports the very steps it redoes: drop the earlier attempt's rows.
         first_step = int(windows[0][0]["step"])
@@ -91,10 +93,10 @@ class MetricsCallback(UserCallback):
             if progress["step"] >= self.total_steps or progress.get("early_stop"):
                 self._close_tensorboard()
         if checkpoint is not None:
-            write_table(store.fs, f"{run_path}/{METRICS_FILE}",
+            write_table(store.fs, folder.metrics,
                         pa.Table.from_pylist(self._rows, schema=SCHEMA))
             if self._evals:
-                write_table(store.fs, f"{run_path}/{EVAL_FILE}",
+                write_table(store.fs, folder.evals,
                             pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
             if self.keep_best:
                 prune_checkpoints(store.fs, run_path, self.keep, self._evals)
@@ -129,7 +131,7 @@ class MetricsCallback(UserCallback):
         """progress.json whole; its ``time`` changes at each write (the driver polls it)."""
         store = resolve_storage(self.storage)
         self._progress = progress
-        write_json(store.fs, f"{store.run_path(self.name)}/{PROGRESS_FILE}", progress)
+        write_json(store.fs, store.run_folder(self.name).progress, progress)
 
     def _note_restart(self, first_window: list[dict[str, Any]]) -> None:
         """Record an event when this report opens a new worker group within this fit (its

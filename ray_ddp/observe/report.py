@@ -10,7 +10,8 @@ from statistics import median
 from typing import Optional
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import Event, from_records, where_restarted
-from ray_ddp.storage import EVAL_FILE, METRICS_FILE, STATUS_FILE, StorageConfig, read_json, read_table, resolve_storage
+from ray_ddp.run_folder import METRICS_FILE, RunFolder
+from ray_ddp.storage import StorageConfig, read_json, read_table, resolve_storage
 from ray_ddp.observe.schema import rank_mean
 
 
@@ -50,7 +51,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
 
     store = resolve_storage(storage)
     run_path = store.run_path(name)
-    table = read_table(store.fs, f"{run_path}/{METRICS_FILE}")
+    table = read_table(store.fs, RunFolder(run_path).metrics)
     if table is None or table.num_rows == 0:
         raise ConfigError(f"run {name} has no {METRICS_FILE} under {store.uri}; "
                           "check the run name and --storage (ray-ddp runs lists them)")
@@ -79,7 +80,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     ax.plot(steps, [float("nan") if m is None else m for m in means], label="mean over ranks")
     ax.fill_between(steps, [min(v) for v in losses], [max(v) for v in losses], alpha=0.3,
                     label="min-max over ranks")
-    evals = read_table(store.fs, f"{run_path}/{EVAL_FILE}")
+    evals = read_table(store.fs, RunFolder(run_path).evals)
     if evals is not None and evals.num_rows:  # validation beside training
         ax.plot(evals.column("step").to_pylist(), evals.column("loss").to_pylist(), "o-",
                 label="validation")
@@ -122,7 +123,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
 def _events_of(store: StorageConfig, name: str) -> list[Event]:
     """The run's events (status.json): lost workers, preemptions, resizes."""
     try:
-        return from_records((read_json(store.fs, f"{store.run_path(name)}/{STATUS_FILE}") or {}).get("events"))
+        return from_records((read_json(store.fs, store.run_folder(name).status) or {}).get("events"))
     except ValueError:
         return []
 

@@ -10,7 +10,8 @@ from typing import Any, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import count_restarts, from_records
-from ray_ddp.storage import PROGRESS_FILE, STATUS_FILE, StorageConfig, read_json, resolve_storage
+from ray_ddp.run_folder import RunFolder
+from ray_ddp.storage import StorageConfig, read_json, resolve_storage
 from ray_ddp.errors import StorageError
 
 
@@ -56,13 +57,13 @@ def list_runs(storage: str, now: Optional[float] = None) -> list[RunListing]:
 def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunListing]:
     run_path = store.run_path(name)
     try:
-        status = read_json(store.fs, f"{run_path}/{STATUS_FILE}")
+        status = read_json(store.fs, RunFolder(run_path).status)
     except (ValueError, StorageError):
         return None  # not a status ray_ddp wrote (it writes them whole), or unreadable
     if status is None:
         return None  # not a ray_ddp run folder
     try:
-        progress = read_json(store.fs, f"{run_path}/{PROGRESS_FILE}") or {}
+        progress = read_json(store.fs, RunFolder(run_path).progress) or {}
     except (ValueError, StorageError):
         progress = {}  # the listing shows what it can
     scan = find_latest_checkpoint(store.fs, run_path)

@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import ConfigError
-from ray_ddp.storage import (EVAL_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_table, resolve_storage, write_json,
-                             write_table)
+from ray_ddp.run_folder import RunFolder
+from ray_ddp.storage import read_json, read_table, resolve_storage, write_json, write_table
 from ray_ddp.cluster.runtime_env import user_module_paths
 from ray_ddp.tune.space import TuneConfig, max_epochs, pick_candidates, sample_space, trial_config
 from ray_ddp.tune.lines import error_line, trial_index, trial_lines
@@ -54,7 +54,7 @@ def train_trial(params: dict[str, Any], tc: TuneConfig, storage: str, search: st
     cfg = trial_config(tc, params, storage=f"{storage.rstrip('/')}/{search}", name=trial_name(index))
 
     store = resolve_storage(cfg.storage)
-    evals = f"{store.run_path(cfg.name)}/{EVAL_FILE}"
+    evals = store.run_folder(cfg.name).evals
     # A restored trial reports again what its run validated in its first life: ASHA skips
     # a rung it has already recorded, and a run that had finished gets its final result.
     told: list[dict[str, Any]] = []
@@ -238,7 +238,7 @@ def collect_trials(tc: TuneConfig, name: str, trials: list, store, root: str) ->
     for trial in trials:
         index = trial_index(trial)
         run_path = f"{root}/{trial_name(index)}"
-        summary = read_json(store.fs, f"{run_path}/{SUMMARY_FILE}") or {}
+        summary = read_json(store.fs, RunFolder(run_path).summary) or {}
         last = trial.last_result or {}
         ran = int(last.get("epoch") or 0)
         ended = trial.status in ("TERMINATED", "ERROR")
@@ -268,14 +268,14 @@ def _mark_stopped(store, run_path: str, settle_s: float = 5.0) -> None:
     """A trial ASHA stopped was killed mid-run: its status says so, and a rerun resumes it.
     Tune ends the actor asynchronously, and its run may write "failed" on its way down a
     moment after: a status still "running" gets ``settle_s`` to take that last write."""
-    status = read_json(store.fs, f"{run_path}/{STATUS_FILE}")
+    status = read_json(store.fs, RunFolder(run_path).status)
     deadline = time.monotonic() + settle_s
     while status is not None and status.get("state") == "running" and time.monotonic() < deadline:
         time.sleep(0.2)
-        status = read_json(store.fs, f"{run_path}/{STATUS_FILE}")
+        status = read_json(store.fs, RunFolder(run_path).status)
     # killed mid-run ("running"), or failing on its way down as Tune ended its actor
     if status is not None and status.get("state") in ("running", "failed"):
-        write_json(store.fs, f"{run_path}/{STATUS_FILE}",
+        write_json(store.fs, RunFolder(run_path).status,
                    {**status, "state": "interrupted", "error": "stopped early by ASHA", "updated": time.time()})
 
 

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from ray_ddp.config.checks import parse_profile_steps
-from ray_ddp.storage import PROFILE_FOLDER, resolve_storage
+from ray_ddp.storage import resolve_storage
 
 
 class ProfileState:
@@ -70,7 +70,7 @@ class ProfileState:
             torch.cuda.synchronize(self.device)  # the steps' kernels end inside the trace
         profiler.stop()
         store = resolve_storage(self.storage)
-        folder = f"{store.run_path(self.run_name)}/{PROFILE_FOLDER}"
+        folder = store.run_folder(self.run_name).profile
         # the profiler writes a local file; run storage may be a bucket
         with tempfile.TemporaryDirectory() as tmp:
             local = os.path.join(tmp, "trace.json")

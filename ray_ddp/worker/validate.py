@@ -17,7 +17,7 @@ from ray_ddp.data.inputs import ValSet
 from ray_ddp.tasks.builtin import Task
 from ray_ddp.tasks.batches import forward, to_device
 from ray_ddp.worker.parts import TrainParts
-from ray_ddp.storage import EVAL_FILE, read_table, resolve_storage
+from ray_ddp.storage import read_table, resolve_storage
 
 
 class Validator:
@@ -122,6 +122,6 @@ def read_eval_history(cfg, step: int) -> list[dict[str, Any]]:
     """eval.parquet's rows up to global step ``step`` (later rows belong to checkpoints
     that were not resumed from: a redone stretch replaces them)."""
     store = resolve_storage(cfg.storage)
-    table = read_table(store.fs, f"{store.run_path(cfg.name)}/{EVAL_FILE}")
+    table = read_table(store.fs, store.run_folder(cfg.name).evals)
     rows = table.select(["epoch", "step", "loss"]).to_pylist() if table is not None else []
     return [r for r in rows if r["step"] <= step]

@@ -22,7 +22,8 @@ from ray_ddp.driver.summary import write_summary
 from ray_ddp.models.builtin import ToyModel
 from ray_ddp.observe.schema import EVAL_SCHEMA, SCHEMA
 from ray_ddp.observe.summarize import early_stop_row, summarize_report
-from ray_ddp.storage import EVAL_FILE, METRICS_FILE, resolve_storage, write_json, write_table
+from ray_ddp.run_folder import EVAL_FILE, METRICS_FILE
+from ray_ddp.storage import resolve_storage, write_json, write_table
 from ray_ddp.worker.loop import is_final_save
 from ray_ddp.worker.validate import EarlyStop, Validator
 
