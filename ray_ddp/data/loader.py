@@ -130,9 +130,13 @@ class LoaderSource:
             return x, y, share
         try:
             x, y = next(self._batches)
-        except BaseException:  # (a Dataset's error, re-raised): the loader would go on with
-            self._next = None  # the next micro-batch, so the next call begins again instead
-            raise
+        except BaseException as err:  # (a Dataset's error, re-raised): the loader would go on
+            self._next = None  # with the next micro-batch, so the next call begins again instead
+            # Without torch's frames (the message holds the loader process's traceback):
+            # they hold the loader's iteration, which the error would then keep in a
+            # reference cycle, and when the garbage collector ends an iteration its loader
+            # processes get no stop signal: 5 s of waiting for each, at a random later moment.
+            raise err.with_traceback(None)
         self._next = next(self._cursor, None)
         return x, y, share
 

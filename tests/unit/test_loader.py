@@ -1,6 +1,9 @@
 """--loader-workers: a user's Dataset read through torch's DataLoader gives exactly the
 rows of IndexedSource (no Ray; num_workers=2 in a few tests, in-process elsewhere)."""
 
+import gc
+import multiprocessing
+
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -168,6 +171,24 @@ def test_after_a_datasets_error_the_next_call_gets_its_own_rows(workers):
     for step in (1, 2, 3):  # step 1 again (the loader alone would have gone on to step 2)
         assert same(src.micro_batch(0, step, 0), ref.micro_batch(0, step, 0))
     src.close()
+
+
+def test_a_datasets_error_leaves_no_loader_process_to_the_garbage_collector():
+    # the error must not keep the loader's iteration in a reference cycle: one ended by the
+    # garbage collector sends its processes no stop signal (5 s of waiting for each)
+    gc.disable()
+    try:
+        before = set(multiprocessing.active_children())
+        ds = FailsOnce(24, int(rows_of_step(epoch_order(24, SEED, 0), 1, 0, 0, 1, 6, 1)[0][0]))
+        src = LoaderSource(ds, SEED, 0, 1, 6, 1, workers=2)
+        src.micro_batch(0, 0, 0)
+        with pytest.raises(OSError, match="a flaky read") as caught:
+            src.micro_batch(0, 1, 0)
+        assert "DataLoader worker process" in str(caught.value)  # where it came from, still said
+        src.close()
+        assert set(multiprocessing.active_children()) <= before, "close() left loader processes running"
+    finally:
+        gc.enable()
 
 
 def test_steps_past_the_samplers_are_fetched_in_thread():
