@@ -1,8 +1,8 @@
 """A run's folder: every file and folder ray_ddp keeps in it, named in one place.
 
 Used on the driver, in Ray Train's controller (the metrics callback) and on workers
-(validation's table, ``--profile``'s traces). Names only: reading and writing go through
-``storage.py``, whatever the filesystem.
+(validation's table, ``--profile``'s traces). Names and schemas only (``Status``):
+reading and writing go through ``storage.py``, whatever the filesystem.
 
     <storage>/<run>/
       status.json       where the run stands, what `ray-ddp runs` shows (driver/status.py)
@@ -18,7 +18,8 @@ Used on the driver, in Ray Train's controller (the metrics callback) and on work
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
 
 STATUS_FILE = "status.json"
 PROGRESS_FILE = "progress.json"
@@ -70,3 +71,34 @@ class RunFolder:
     def checkpoint(self, name: str) -> str:
         """A checkpoint folder by its name (``step-00000010``)."""
         return self._in(name)
+
+
+@dataclass(frozen=True)
+class Status:
+    """status.json: where a run stands, what `ray-ddp runs` shows (driver/status.py writes
+    it; docs/run-folder.md gives each key). The fields in the file's order."""
+
+    state: str  # running, complete, failed or interrupted
+    run_id: Optional[str] = None  # the folder's own id, kept across commands (tracking finds the run by it)
+    created: Optional[float] = None
+    updated: Optional[float] = None
+    epochs: Optional[int] = None
+    world_size: Optional[int] = None  # now, or at the end
+    workers: Any = None  # as asked: N, or "MIN-MAX" for an elastic run
+    world_sizes: list[dict[str, int]] = field(default_factory=list)  # {world_size, from_step, to_step}
+    gpus_per_worker: Optional[float] = None
+    model: Optional[str] = None
+    error: Optional[str] = None
+    events: list[dict[str, Any]] = field(default_factory=list)  # every event of the run (driver/events.py)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Status":
+        """The status a file holds; keys it does not know are skipped (a newer writer's).
+        ValueError for what is not a status (no ``state``)."""
+        if not isinstance(data, dict) or not isinstance(data.get("state"), str):
+            raise ValueError("not a ray_ddp status.json")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

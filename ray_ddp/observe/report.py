@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Optional
 from ray_ddp.errors import ConfigError
-from ray_ddp.driver.events import Event, from_records, where_restarted
+from ray_ddp.driver.events import Event, where_restarted
+from ray_ddp.driver.status import read_events
 from ray_ddp.run_folder import METRICS_FILE, RunFolder
-from ray_ddp.storage import StorageConfig, read_json, read_table, resolve_storage
+from ray_ddp.storage import StorageConfig, read_table, resolve_storage
 from ray_ddp.observe.schema import rank_mean
 
 
@@ -122,10 +123,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
 
 def _events_of(store: StorageConfig, name: str) -> list[Event]:
     """The run's events (status.json): lost workers, preemptions, resizes."""
-    try:
-        return from_records((read_json(store.fs, store.run_folder(name).status) or {}).get("events"))
-    except ValueError:
-        return []
+    return read_events(store, store.run_path(name))
 
 
 def _report_target(store: StorageConfig, name: str, out: Optional[str]):

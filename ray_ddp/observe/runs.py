@@ -10,6 +10,7 @@ from typing import Any, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import count_restarts, from_records
+from ray_ddp.driver.status import read_status
 from ray_ddp.run_folder import RunFolder
 from ray_ddp.storage import StorageConfig, read_json, resolve_storage
 from ray_ddp.errors import StorageError
@@ -57,25 +58,25 @@ def list_runs(storage: str, now: Optional[float] = None) -> list[RunListing]:
 def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunListing]:
     run_path = store.run_path(name)
     try:
-        status = read_json(store.fs, RunFolder(run_path).status)
-    except (ValueError, StorageError):
-        return None  # not a status ray_ddp wrote (it writes them whole), or unreadable
+        status = read_status(store, run_path)
+    except StorageError:
+        return None  # unreadable
     if status is None:
-        return None  # not a ray_ddp run folder
+        return None  # not a ray_ddp run folder, or not a status ray_ddp wrote (it writes them whole)
     try:
         progress = read_json(store.fs, RunFolder(run_path).progress) or {}
     except (ValueError, StorageError):
         progress = {}  # the listing shows what it can
     scan = find_latest_checkpoint(store.fs, run_path)
-    state = status["state"]
-    last_seen = max(status.get("updated", 0), progress.get("time", 0))
+    state = status.state
+    last_seen = max(status.updated or 0, progress.get("time", 0))
     if state == "running" and now - last_seen > LOST_AFTER_S:
         state = "lost"
     return RunListing(
         name=name, state=state, epochs_done=(scan.meta or {}).get("epoch", 0),
-        epochs=status.get("epochs"), last_loss=progress.get("loss"), checkpoint=scan.latest,
-        world_size=status.get("world_size"), started=status.get("created"),
-        restarts=count_restarts(from_records(status.get("events"))),
+        epochs=status.epochs, last_loss=progress.get("loss"), checkpoint=scan.latest,
+        world_size=status.world_size, started=status.created,
+        restarts=count_restarts(from_records(status.events)),
     )
 
 

@@ -11,6 +11,7 @@ with the unfinished trials, each resuming its own checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -28,6 +29,7 @@ from ray_ddp.tune.tracking import open_search_tracking, tracked_search
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.cluster.attach import attach_ray
 from ray_ddp.driver.run import open_storage, run
+from ray_ddp.driver.status import read_status
 
 TUNE_DIR, TRIALS_FILE, BEST_FILE = "tune", "trials.parquet", "best.json"
 POLL_S = 1.0
@@ -268,15 +270,15 @@ def _mark_stopped(store, run_path: str, settle_s: float = 5.0) -> None:
     """A trial ASHA stopped was killed mid-run: its status says so, and a rerun resumes it.
     Tune ends the actor asynchronously, and its run may write "failed" on its way down a
     moment after: a status still "running" gets ``settle_s`` to take that last write."""
-    status = read_json(store.fs, RunFolder(run_path).status)
+    status = read_status(store, run_path)
     deadline = time.monotonic() + settle_s
-    while status is not None and status.get("state") == "running" and time.monotonic() < deadline:
+    while status is not None and status.state == "running" and time.monotonic() < deadline:
         time.sleep(0.2)
-        status = read_json(store.fs, RunFolder(run_path).status)
+        status = read_status(store, run_path)
     # killed mid-run ("running"), or failing on its way down as Tune ended its actor
-    if status is not None and status.get("state") in ("running", "failed"):
-        write_json(store.fs, RunFolder(run_path).status,
-                   {**status, "state": "interrupted", "error": "stopped early by ASHA", "updated": time.time()})
+    if status is not None and status.state in ("running", "failed"):
+        stopped = dataclasses.replace(status, state="interrupted", error="stopped early by ASHA", updated=time.time())
+        write_json(store.fs, RunFolder(run_path).status, stopped.to_dict())
 
 
 def write_results(store, root: str, rows: list[dict[str, Any]]) -> None:
