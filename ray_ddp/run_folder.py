@@ -1,7 +1,8 @@
 """A run's folder: every file and folder ray_ddp keeps in it, named in one place.
 
 Used on the driver, in Ray Train's controller (the metrics callback) and on workers
-(validation's table, ``--profile``'s traces). Names and schemas only (``Status``):
+(validation's table, ``--profile``'s traces). Names and schemas only (``Status``,
+``Progress``):
 reading and writing go through ``storage.py``, whatever the filesystem.
 
     <storage>/<run>/
@@ -18,7 +19,7 @@ reading and writing go through ``storage.py``, whatever the filesystem.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Optional
 
 STATUS_FILE = "status.json"
@@ -102,3 +103,56 @@ class Status:
             raise ValueError("not a ray_ddp status.json")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# what a report leaves out of progress.json when the run has no such figure
+_LEFT_OUT_WHEN_NONE = ("accuracy", "perplexity", "val_loss", "val_accuracy", "val_perplexity", "early_stop")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """progress.json: the latest report of all ranks, rewritten by the metrics callback
+    after each one, and when a worker group starts or is restarted; the driver polls it
+    (docs/run-folder.md gives each key). Before a run's first report only ``time``,
+    ``nodes``, ``events``, ``preemptions`` and ``mlflow_failed`` are known, and only they
+    are written."""
+
+    time: float  # of this write (an event moves it; ``report_time`` is the report's)
+    epoch: Optional[int] = None
+    epochs: Optional[int] = None
+    step: Optional[int] = None
+    total_steps: Optional[int] = None
+    loss: Optional[float] = None  # the window's mean over ranks, weighted by units
+    accuracy: Optional[float] = None
+    perplexity: Optional[float] = None
+    val_loss: Optional[float] = None
+    val_accuracy: Optional[float] = None
+    val_perplexity: Optional[float] = None
+    samples_per_s: Optional[float] = None  # all ranks', summed
+    world_size: Optional[int] = None
+    checkpoint: Optional[str] = None  # saved with this report
+    early_stop: Optional[dict[str, Any]] = None  # --early-stop ended the run with this report
+    straggler: Optional[dict[str, Any]] = None
+    preemptions: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # restarts within this fit
+    mlflow_failed: bool = False
+    nodes: dict[str, Optional[str]] = field(default_factory=dict)  # rank -> node id
+    report_time: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.step is None:  # no report yet: only what is known (a field at its default is not)
+            return {k: v for k, v in asdict(self).items() if v is not None and v != _DEFAULTS.get(k)}
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in _LEFT_OUT_WHEN_NONE}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Progress":
+        """The progress a file holds; keys it does not know are skipped. ValueError for
+        what is not a progress.json (no ``time``)."""
+        if not isinstance(data, dict) or not isinstance(data.get("time"), (int, float)):
+            raise ValueError("not a ray_ddp progress.json")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known and v is not None})
+
+
+_DEFAULTS = {f.name: f.default_factory() for f in fields(Progress) if f.default_factory is not MISSING}
+_DEFAULTS["mlflow_failed"] = False

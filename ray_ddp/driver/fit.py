@@ -16,9 +16,9 @@ from ray_ddp.driver.hangs import HangMonitor
 from ray_ddp.driver.failures import describe_loss, summarize_failure
 from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig, RestartState, decide_restart
 from ray_ddp.cluster.runtime_env import nccl_hang_env, train_controller_env, worker_runtime_env
-from ray_ddp.driver.progress import show_progress
-from ray_ddp.run_folder import RunFolder
-from ray_ddp.storage import StorageConfig, read_json, read_table
+from ray_ddp.driver.progress import read_progress, show_progress
+from ray_ddp.run_folder import Progress, RunFolder
+from ray_ddp.storage import StorageConfig, read_table
 from ray_ddp.driver.start import StartState, planned_steps
 from ray_ddp.driver.status import read_events, write_status
 from ray_ddp.errors import TrainingError
@@ -101,10 +101,8 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
 
 def controller_events(store: StorageConfig, run_path: str) -> list[Event]:
     """The worker-group restarts the metrics callback saw within one fit (progress.json)."""
-    try:
-        return from_records((read_json(store.fs, RunFolder(run_path).progress) or {}).get("events"))
-    except ValueError:
-        return []
+    progress = read_progress(store, run_path)
+    return from_records(progress.events) if progress else []
 
 
 def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any],
@@ -130,9 +128,9 @@ def _decide_restart(err: TrainingError, restarts: RestartState, policy: RestartP
     (those preempted, those the ranks ran on); None when no rank explains the failure."""
     if err.failure is None:
         return None
-    progress = read_json(store.fs, RunFolder(run_path).progress) or {}
-    preempted = {n for p in progress.get("preemptions") or [] for n in str(p.get("node_id", "")).split(",") if n}
-    run_nodes = {str(n) for n in (progress.get("nodes") or {}).values() if n}
+    progress = read_progress(store, run_path) or Progress(0.0)
+    preempted = {n for p in progress.preemptions for n in str(p.get("node_id", "")).split(",") if n}
+    run_nodes = {str(n) for n in progress.nodes.values() if n}
     return decide_restart(err.failure, policy, restarts, preempted, run_nodes, scan.latest)
 
 
@@ -194,13 +192,13 @@ def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
 def _training_error(err: Exception, run_path: str, store: StorageConfig) -> TrainingError:
     """One line for the user: the rank that explains the failure (a dead worker or node
     before the survivors' broken connections) and its cause."""
-    progress = read_json(store.fs, RunFolder(run_path).progress) or {}
+    progress = read_progress(store, run_path) or Progress(0.0)
     failures = getattr(err, "worker_failures", None) or {}
     if not failures:
         text = str(err).strip().splitlines()
         return TrainingError("training failed: " + (text[-1] if text else type(err).__name__))
-    failure = summarize_failure(failures, progress.get("nodes") or {})
-    step = progress.get("step")
+    failure = summarize_failure(failures, progress.nodes)
+    step = progress.step
     if failure.lost is None:
         return TrainingError(f"training failed on rank {failure.rank}: {failure.cause}", failure, step)
     return TrainingError(describe_loss(failure, step), failure, step)

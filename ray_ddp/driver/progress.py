@@ -16,24 +16,33 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 from ray_ddp.driver.events import Event, attribute_hangs, from_records, where_restarted
-from ray_ddp.run_folder import RunFolder
+from ray_ddp.run_folder import Progress, RunFolder
 from ray_ddp.storage import StorageConfig, read_json
 
 
-def format_progress(p: dict[str, Any]) -> str:
-    line = (f"epoch {p['epoch']}/{p['epochs']}  step {p['step']}/{p['total_steps']}  "
-            f"loss {p['loss']:.4f}")
-    for key, label in (("accuracy", "acc"), ("perplexity", "ppl")):
-        if p.get(key) is not None:
-            line += f"  {label} {p[key]:.4f}"
-    line += f"  {p['samples_per_s']:,.0f} samples/s"
-    if p.get("val_loss") is not None:
-        line += f"  val_loss {p['val_loss']:.4f}"
-        for key, label in (("val_accuracy", "val_acc"), ("val_perplexity", "val_ppl")):
-            if p.get(key) is not None:
-                line += f"  {label} {p[key]:.4f}"
-    if p.get("checkpoint"):
-        line += f"  saved {p['checkpoint']}"
+def read_progress(store: StorageConfig, run_path: str) -> Optional[Progress]:
+    """The run's progress.json, or None: none yet, or a file that is not one (it is
+    written atomically, so only one someone else put there). A storage that cannot be
+    read raises StorageError."""
+    try:
+        return Progress.from_dict(read_json(store.fs, RunFolder(run_path).progress))
+    except ValueError:
+        return None
+
+
+def format_progress(p: Progress) -> str:
+    line = f"epoch {p.epoch}/{p.epochs}  step {p.step}/{p.total_steps}  loss {p.loss:.4f}"
+    for value, label in ((p.accuracy, "acc"), (p.perplexity, "ppl")):
+        if value is not None:
+            line += f"  {label} {value:.4f}"
+    line += f"  {p.samples_per_s:,.0f} samples/s"
+    if p.val_loss is not None:
+        line += f"  val_loss {p.val_loss:.4f}"
+        for value, label in ((p.val_accuracy, "val_acc"), (p.val_perplexity, "val_ppl")):
+            if value is not None:
+                line += f"  {label} {value:.4f}"
+    if p.checkpoint:
+        line += f"  saved {p.checkpoint}"
     return line
 
 
@@ -77,15 +86,15 @@ class _Bar:
     def __init__(self) -> None:
         self.bar = None
 
-    def show(self, p: dict[str, Any]) -> None:
+    def show(self, p: Progress) -> None:
         from tqdm import tqdm
 
         if self.bar is None:
-            self.bar = tqdm(total=p["total_steps"], initial=0, unit="step", dynamic_ncols=True,
+            self.bar = tqdm(total=p.total_steps, initial=0, unit="step", dynamic_ncols=True,
                             file=sys.stdout, leave=True)
-        self.bar.set_description(f"epoch {p['epoch']}/{p['epochs']}")
-        self.bar.set_postfix_str(f"loss {p['loss']:.4f}, {p['samples_per_s']:,.0f} samples/s")
-        self.bar.update(p["step"] - self.bar.n)
+        self.bar.set_description(f"epoch {p.epoch}/{p.epochs}")
+        self.bar.set_postfix_str(f"loss {p.loss:.4f}, {p.samples_per_s:,.0f} samples/s")
+        self.bar.update(p.step - self.bar.n)
 
     def write(self, line: str) -> None:
         if self.bar is None:
@@ -111,14 +120,13 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     if terminal is None:
         terminal = echo is print and sys.stdout.isatty()
     bar = _Bar() if terminal else None
-    path = RunFolder(run_path).progress
-    seen = read_json(store.fs, path)  # a resumed run's old file: not news
-    last_time = seen["time"] if seen else None
+    seen = read_progress(store, run_path)  # a resumed run's old file: not news
+    last_time = seen.time if seen else None
     warned: set[tuple[int, int]] = set()
-    told = len(seen.get("preemptions") or []) if seen else 0  # preemptions already printed
+    told = len(seen.preemptions) if seen else 0  # preemptions already printed
     # Ray Train's restarts and resizes already printed (a new controller starts its list
     # afresh, so they are told apart by their time, not counted)
-    told_events = {(e.type, e.time) for e in from_records(seen.get("events") if seen else None)}
+    told_events = {(e.type, e.time) for e in from_records(seen.events if seen else None)}
     hangs_told: set = set()  # the times of the hangs whose restart was told
     stop = threading.Event()
 
@@ -126,24 +134,21 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
 
     def show_new() -> None:
         nonlocal last_time, told, shown
-        try:
-            p = read_json(store.fs, path)
-        except ValueError:  # written atomically, so only a file someone else put there
+        p = read_progress(store, run_path)
+        if p is None or p.time == last_time:
             return
-        if p is None or p["time"] == last_time:
-            return
-        last_time = p["time"]
-        straggler = p.get("straggler")
+        last_time = p.time
+        straggler = p.straggler
         if straggler and (straggler["rank"], straggler["since_step"]) not in warned:
             warned.add((straggler["rank"], straggler["since_step"]))
             (bar.write if bar else echo)(format_straggler(straggler))
-        events = p.get("preemptions") or []
+        events = p.preemptions
         if len(events) < told:  # a new controller (a resumed run) starts its list afresh
             told = 0
         for event in events[told:]:
             (bar.write if bar else echo)(format_preemption(event))
         told = len(events)
-        for event in from_records(p.get("events")):
+        for event in from_records(p.events):
             if (event.type, event.time) not in told_events:
                 told_events.add((event.type, event.time))
                 unused = [h for h in hangs() if h.time not in hangs_told]
@@ -151,16 +156,16 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
                 hangs_told.update(h.time for h in unused if h not in left)
                 (bar.write if bar else echo)(format_event(event))
         # a write that only added an event or a new group's nodes is not a new report
-        report = (p.get("step"), p.get("report_time", p["time"]))
-        if p.get("step") is None or report == shown:
+        report = (p.step, p.report_time or p.time)
+        if p.step is None or report == shown:
             return
         shown = report
         if bar is not None:
             bar.show(p)
         else:
             echo(format_progress(p))
-        if p.get("early_stop"):  # the run's last report: after its progress line
-            (bar.write if bar else echo)(format_early_stop(p["early_stop"]))
+        if p.early_stop:  # the run's last report: after its progress line
+            (bar.write if bar else echo)(format_early_stop(p.early_stop))
 
     def poll() -> None:
         while not stop.wait(every_s):

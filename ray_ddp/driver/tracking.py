@@ -10,8 +10,8 @@ import os
 from typing import Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.run_folder import RunFolder
-from ray_ddp.storage import StorageConfig, read_json
+from ray_ddp.driver.progress import read_progress
+from ray_ddp.storage import StorageConfig
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import Event
@@ -55,10 +55,8 @@ def close_run_tracking(tracking, store: StorageConfig, cfg: TrainConfig, summary
         model = candidate if os.path.exists(candidate) else None
     ok = log_events(tracking, events) if events else True
     ok = finish_tracking(tracking, summary or {}, status, model) and ok
-    try:
-        ok = ok and not (read_json(store.fs, RunFolder(run_path).progress) or {}).get("mlflow_failed")
-    except ValueError:
-        pass
+    progress = read_progress(store, run_path)
+    ok = ok and not (progress and progress.mlflow_failed)
     if not ok:
         echo(f"warning: MLflow at {cfg.mlflow} did not take all of run {cfg.name} (is the server up?); "
              f"the run's folder holds everything: {run_path}")

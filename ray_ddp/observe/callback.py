@@ -10,7 +10,7 @@ import time
 
 import pyarrow as pa
 from ray.train import UserCallback
-from ray_ddp.run_folder import RunFolder
+from ray_ddp.run_folder import Progress, RunFolder
 from ray_ddp.storage import read_table, resolve_storage, write_json, write_table
 from ray_ddp.checkpoint.retention import prune_checkpoints
 from ray_ddp.driver.events import Event, restart_event, to_records
@@ -39,7 +39,7 @@ class MetricsCallback(UserCallback):
         self._events: list[Event] = []  # worker-group restarts within this fit
         self._restart_recorded = False  # observe/restarts.py recorded the group's restart
         self._nodes: dict[str, Any] = {}  # rank -> node ID of the group now running
-        self._progress: dict[str, Any] = {}  # progress.json as last written
+        self._progress: Optional[Progress] = None  # progress.json as last written
         self._last_step: Optional[int] = None  # the last step reported in this fit
         self._group_step: Optional[int] = None  # the last step the running worker group reported
         self._last_checkpoint: Optional[tuple[str, int]] = None  # (its folder, its step)
@@ -69,28 +69,27 @@ class MetricsCallback(UserCallback):
                 self._evals.append(eval_row(window[0]))
             straggler = self._stragglers.update(window)
             self._track(window)
-        progress = summarize_report(
+        report = summarize_report(
             windows[-1], self.epochs, self.total_steps,
             checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
         )
-        progress["straggler"] = straggler
         if checkpoint is not None:
-            self._last_checkpoint = (progress["checkpoint"], int(windows[-1][0]["step"]))
+            self._last_checkpoint = (report["checkpoint"], int(windows[-1][0]["step"]))
         if windows[-1][0].get("preempted_node") and checkpoint is not None:
-            self._preemptions.append(describe_preemption(windows[-1][0], progress["checkpoint"]))
-        progress["preemptions"] = self._preemptions
-        progress["events"] = to_records(self._events)  # restarts Ray Train made itself (--max-failures)
-        progress["mlflow_failed"] = self._tracking_failed
+            self._preemptions.append(describe_preemption(windows[-1][0], report["checkpoint"]))
         self._last_step = self._group_step = int(windows[-1][0]["step"])
         # where each rank runs: the driver names the rank and node of a failure with it
         self._nodes = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
-        progress["nodes"] = self._nodes
-        progress["report_time"] = progress["time"]  # "time" also moves with a later event
+        progress = Progress(
+            **report, straggler=straggler, preemptions=self._preemptions,
+            events=to_records(self._events),  # restarts Ray Train made itself (--max-failures)
+            mlflow_failed=self._tracking_failed, nodes=self._nodes,
+            report_time=report["time"])  # "time" also moves with a later event
         self._write_progress(progress)
         if self.tensorboard:
             for window in windows:
                 self._write_tensorboard(store.path_on_disk(self.name), window)
-            if progress["step"] >= self.total_steps or progress.get("early_stop"):
+            if progress.step >= self.total_steps or progress.early_stop:
                 self._close_tensorboard()
         if checkpoint is not None:
             write_table(store.fs, folder.metrics,
@@ -118,20 +117,23 @@ class MetricsCallback(UserCallback):
         """A worker group started: where its ranks run, in progress.json at once, so a
         failure before its first report still names the node."""
         self._nodes, self._group_step = nodes, None
-        self._write_progress({**self._progress, "nodes": nodes, "time": time.time()})
+        self._write_progress(self._progress_now(nodes=nodes))
 
     def add_event(self, event: Event) -> None:
         """A restart, in progress.json at once: the driver says it as it happens."""
         self._events.append(event)
         self._restart_recorded = True
-        self._write_progress({**self._progress, "events": to_records(self._events), "nodes": self._nodes,
-                              "time": time.time()})
+        self._write_progress(self._progress_now(events=to_records(self._events), nodes=self._nodes))
 
-    def _write_progress(self, progress: dict[str, Any]) -> None:
+    def _progress_now(self, **changes) -> Progress:
+        """The last progress.json with ``changes``, written now (none yet: only them)."""
+        return dataclasses.replace(self._progress or Progress(time.time()), time=time.time(), **changes)
+
+    def _write_progress(self, progress: Progress) -> None:
         """progress.json whole; its ``time`` changes at each write (the driver polls it)."""
         store = resolve_storage(self.storage)
         self._progress = progress
-        write_json(store.fs, store.run_folder(self.name).progress, progress)
+        write_json(store.fs, store.run_folder(self.name).progress, progress.to_dict())
 
     def _note_restart(self, first_window: list[dict[str, Any]]) -> None:
         """Record an event when this report opens a new worker group within this fit (its

@@ -11,8 +11,9 @@ from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import count_restarts, from_records
 from ray_ddp.driver.status import read_status
-from ray_ddp.run_folder import RunFolder
-from ray_ddp.storage import StorageConfig, read_json, resolve_storage
+from ray_ddp.driver.progress import read_progress
+from ray_ddp.run_folder import Progress
+from ray_ddp.storage import StorageConfig, resolve_storage
 from ray_ddp.errors import StorageError
 
 
@@ -64,17 +65,17 @@ def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunLis
     if status is None:
         return None  # not a ray_ddp run folder, or not a status ray_ddp wrote (it writes them whole)
     try:
-        progress = read_json(store.fs, RunFolder(run_path).progress) or {}
-    except (ValueError, StorageError):
-        progress = {}  # the listing shows what it can
+        progress = read_progress(store, run_path) or Progress(0.0)
+    except StorageError:
+        progress = Progress(0.0)  # the listing shows what it can
     scan = find_latest_checkpoint(store.fs, run_path)
     state = status.state
-    last_seen = max(status.updated or 0, progress.get("time", 0))
+    last_seen = max(status.updated or 0, progress.time)
     if state == "running" and now - last_seen > LOST_AFTER_S:
         state = "lost"
     return RunListing(
         name=name, state=state, epochs_done=(scan.meta or {}).get("epoch", 0),
-        epochs=status.epochs, last_loss=progress.get("loss"), checkpoint=scan.latest,
+        epochs=status.epochs, last_loss=progress.loss, checkpoint=scan.latest,
         world_size=status.world_size, started=status.created,
         restarts=count_restarts(from_records(status.events)),
     )

@@ -1,11 +1,13 @@
 """Progress output and straggler detection, on real files (no Ray)."""
 
 import io
+import json
 import time
 from contextlib import redirect_stdout
 
 from ray_ddp.observe.stragglers import StragglerState
-from ray_ddp.driver.progress import show_progress
+from ray_ddp.driver.progress import read_progress, show_progress
+from ray_ddp.run_folder import Progress
 from ray_ddp.storage import resolve_storage, write_json
 
 
@@ -91,3 +93,20 @@ def test_the_restart_after_a_hang_is_told_as_the_hangs(tmp_path):
         "hang after step 10: Ray Train restarted the worker group the hang watch ended (within "
         "--max-failures); restarted from scratch: 10 steps to redo",
         f"failure after step 17: {later.cause}; restarted from step-00000010: 7 steps to redo"]
+
+
+def test_progress_json_keeps_its_keys_before_and_after_the_first_report(tmp_path):
+    # before a report: only what is known (a worker group's nodes, a restart), as always
+    early = Progress(5.0, nodes={"0": "n0"}, events=[{"type": "failure"}])
+    assert early.to_dict() == {"time": 5.0, "nodes": {"0": "n0"}, "events": [{"type": "failure"}]}
+    # a report: every key docs/run-folder.md gives, a figure the run has none of left out
+    report = Progress.from_dict({**progress(5), "preemptions": [], "events": [], "mlflow_failed": False,
+                                 "nodes": {}, "report_time": 4.0, "a later key": 1})
+    assert set(report.to_dict()) == {"epoch", "epochs", "step", "total_steps", "loss", "samples_per_s", "world_size",
+                                     "checkpoint", "time", "straggler", "preemptions", "events", "mlflow_failed",
+                                     "nodes", "report_time"}
+    assert Progress.from_dict(report.to_dict()) == report
+    store = resolve_storage(str(tmp_path))
+    for text in ("not json", json.dumps({"step": 5}), json.dumps([1])):  # none of them a progress.json
+        (tmp_path / "progress.json").write_text(text)
+        assert read_progress(store, str(tmp_path)) is None
