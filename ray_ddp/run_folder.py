@@ -69,9 +69,15 @@ class RunFolder:
         """Where the hang watch keeps what it saw of a hang after ``step``."""
         return self._in(f"{HANGS_FOLDER}/{step}")
 
-    def checkpoint(self, name: str) -> str:
-        """A checkpoint folder by its name (``step-00000010``)."""
-        return self._in(name)
+
+def _known_fields(cls, data: Any, required: str, kind: type, file: str) -> dict[str, Any]:
+    """The keys of a file's JSON object that ``cls`` has, None values left to the field's
+    default; keys it does not know (a newer writer's) are skipped. ValueError for what is
+    not such a file: not an object, or ``required`` not a ``kind``."""
+    if not isinstance(data, dict) or not isinstance(data.get(required), kind):
+        raise ValueError(f"not a ray_ddp {file}")
+    known = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in known and v is not None}
 
 
 @dataclass(frozen=True)
@@ -97,12 +103,8 @@ class Status:
 
     @classmethod
     def from_dict(cls, data: Any) -> "Status":
-        """The status a file holds; keys it does not know are skipped (a newer writer's).
-        ValueError for what is not a status (no ``state``)."""
-        if not isinstance(data, dict) or not isinstance(data.get("state"), str):
-            raise ValueError("not a ray_ddp status.json")
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """The status a file holds (ValueError for one with no ``state``)."""
+        return cls(**_known_fields(cls, data, "state", str, STATUS_FILE))
 
 
 # what a report leaves out of progress.json when the run has no such figure
@@ -146,13 +148,10 @@ class Progress:
 
     @classmethod
     def from_dict(cls, data: Any) -> "Progress":
-        """The progress a file holds; keys it does not know are skipped. ValueError for
-        what is not a progress.json (no ``time``)."""
-        if not isinstance(data, dict) or not isinstance(data.get("time"), (int, float)):
-            raise ValueError("not a ray_ddp progress.json")
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known and v is not None})
+        """The progress a file holds (ValueError for one with no ``time``)."""
+        return cls(**_known_fields(cls, data, "time", (int, float), PROGRESS_FILE))
 
 
-_DEFAULTS = {f.name: f.default_factory() for f in fields(Progress) if f.default_factory is not MISSING}
-_DEFAULTS["mlflow_failed"] = False
+# each field's default: a field still at it before the first report is not written
+_DEFAULTS = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+             for f in fields(Progress)}
