@@ -1,23 +1,23 @@
 """What a worker trains and validates on, built from the config and the objects the
 Python API passed (a Dataset, a validation Dataset). Runs on workers.
 
-Training rows come from one of: synthetic data, a parquet table in memory, text cut into
-windows (``--task lm``), a user's Dataset (``--dataset`` or ``train_data=``), or parquet
-streamed row group by row group. Validation rows come from ``--val-data`` (read like
-``--data``), ``val_data=``, or ``--val-fraction`` of the training rows: a split fixed by
-the seed, taken out of training.
-
+Training rows come from one Source (data/sources.py), chosen in one place
+(``source_kind``): a Ray Dataset's shard, parquet streamed row group by row group, a
+user's Dataset (``--dataset`` or ``train_data=``) read by loader processes or in this
+thread, a parquet table or text windows (``--task lm``) in memory, or synthetic rows.
+Validation rows come from a Ray Dataset, ``val_data=``, ``--val-data`` (read like
+``--data``), or ``--val-fraction`` of the training rows: a split fixed by the seed,
+taken out of training.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 import torch
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.data.sources import IndexedSource, StreamSource, part_bounds, tensor_fetcher
+from ray_ddp.data.sources import IndexedSource, Source, StreamSource, ValBatches, part_bounds, tensor_fetcher
 from ray_ddp.data.synth import SyntheticSource, teacher_weights
 from ray_ddp.data.user import load_user_dataset, rows_fetcher
 from ray_ddp.config.callables import load_callable
@@ -62,55 +62,58 @@ def split_rows(rows: int, fraction: float, seed: int) -> tuple[torch.Tensor, tor
     return order[held:].sort().values, order[:held].sort().values
 
 
+# What trains a rank, in the order they are chosen (``source_kind``); each is a Source.
+SOURCE_KINDS = {
+    "ray-data": "a Ray Dataset's shard (train_data= a Ray Dataset, or --data with --ray-data)",
+    "stream": "parquet read row group by row group (--stream)",
+    "loader": "a user's Dataset read by DataLoader processes (--loader-workers)",
+    "rows": "rows in memory: a parquet table, text windows, or a user's Dataset read in this thread",
+    "synthetic": "synthetic regression rows made at each step",
+}
+
+
+def source_kind(cfg: TrainConfig, objects: dict[str, Any], ray_data=None) -> str:
+    """Which Source trains this run: the one place that decides (a key of SOURCE_KINDS)."""
+    if ray_data is not None and ray_data.table is not None:
+        return "ray-data"
+    if cfg.stream:
+        return "stream"
+    if objects.get("train_data") is not None or cfg.dataset is not None:
+        return "loader" if loader_workers(cfg) else "rows"
+    return "synthetic" if cfg.data == "synthetic" else "rows"
+
+
 def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
-                 objects: dict[str, Any], ray_data=None) -> tuple[Any, Optional[ValSet]]:
+                 objects: dict[str, Any], ray_data=None) -> tuple[Source, Optional[ValBatches]]:
     """This rank's training source, and the validation set (None without validation);
     ``ray_data``: a RayDataConfig, where a set comes through Ray Data."""
-    if ray_data is not None:
-        return _ray_data_inputs(cfg, rank, world, device, objects, ray_data)
-    collate = objects.get("collate") or (_load(cfg.collate, "collate") if cfg.collate else None)
-    make = _source_maker(cfg, rank, world)
-    workers = loader_workers(cfg)
-    dataset = None if cfg.stream else _user_dataset(cfg, objects)
-    if workers and dataset is not None:
-        return _loader_inputs(cfg, rank, world, device, objects, dataset, collate, workers)
-    if cfg.stream:
+    kind = source_kind(cfg, objects, ray_data)
+    collate = objects.get("collate") or (load_callable(cfg.collate, what="collate") if cfg.collate else None)
+    given_val = functools.partial(_given_val_set, cfg, objects, collate, device, ray_data)
+    if kind == "ray-data":
+        micro = -(-cfg.global_batch // (world * cfg.grad_accum))  # as IndexedSource cuts a step
+        return RayDataSource(ray_data.table, micro, cfg.grad_accum, device, cfg.seq_len), given_val()
+    if kind == "stream":
         # the driver fitted the counts to the data: a worker reads footers, never a column
         # (the model's output size bounds the labels and token ids each row group is checked against)
         table = inspect_table(cfg.data, cfg.features, cfg.target, cfg.task, stream=True,
                               num_classes=cfg.num_classes,
                               vocab_size=cfg.vocab_size if cfg.model == "gpt" else cfg.output_dim)
-        source = StreamSource(list_row_groups(table), row_group_reader(table, cfg.seq_len), cfg.seed,
-                              rank, world, cfg.steps_per_epoch, cfg.grad_accum)
-        return source, _given_val_set(cfg, objects, collate)
-    rows_and_fetch = _training_rows(cfg, dataset, collate)
-    if rows_and_fetch is None:
+        return (StreamSource(list_row_groups(table), row_group_reader(table, cfg.seq_len), cfg.seed,
+                             rank, world, cfg.steps_per_epoch, cfg.grad_accum), given_val())
+    if kind == "synthetic":
         teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(device)
-        source = SyntheticSource(teacher, cfg.seed, rank, world, cfg.global_batch, cfg.grad_accum)
-        return source, _given_val_set(cfg, objects, collate)
-    rows, fetch = rows_and_fetch
+        return SyntheticSource(teacher, cfg.seed, rank, world, cfg.global_batch, cfg.grad_accum), given_val()
+    if kind == "loader":
+        return _loader_inputs(cfg, rank, world, device, _user_dataset(cfg, objects), collate, given_val)
+    rows, fetch = _training_rows(cfg, _user_dataset(cfg, objects), collate)
+    make = functools.partial(IndexedSource, seed=cfg.seed, rank=rank, world=world,
+                             global_batch=cfg.global_batch, grad_accum=cfg.grad_accum)
     if cfg.val_fraction:
         train_idx, val_idx = split_rows(rows, cfg.val_fraction, cfg.seed)
         return (make(len(train_idx), lambda idx: fetch(train_idx[idx])),
                 ValSet(len(val_idx), lambda idx: fetch(val_idx[idx])))
-    return make(rows, fetch), _given_val_set(cfg, objects, collate)
-
-
-def _ray_data_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device, objects: dict[str, Any],
-                     ray_data) -> tuple[Any, Any]:
-    """Ray Data's shards for what comes through Ray Data, the usual inputs for the rest."""
-    plain = dict(objects, **({"val_data": None} if ray_data.val_table is not None else {}))
-    plain_cfg = dataclasses.replace(cfg, ray_data=False,
-                                    val_data=None if ray_data.val_table is not None else cfg.val_data)
-    if ray_data.table is not None:
-        micro = -(-cfg.global_batch // (world * cfg.grad_accum))  # as IndexedSource cuts a step
-        source = RayDataSource(ray_data.table, micro, cfg.grad_accum, device, cfg.seq_len)
-        val_set = None if ray_data.val_table is not None else _given_val_set(plain_cfg, plain, None)
-    else:
-        source, val_set = build_inputs(plain_cfg, rank, world, device, plain)
-    if ray_data.val_table is not None:
-        val_set = RayValSet(ray_data.val_table, device, cfg.seq_len)
-    return source, val_set
+    return make(rows, fetch), given_val()
 
 
 def loader_workers(cfg: TrainConfig) -> int:
@@ -119,25 +122,28 @@ def loader_workers(cfg: TrainConfig) -> int:
         default_loader_workers(cfg.cpus_per_worker or 1)
 
 
-def _loader_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device, objects: dict[str, Any],
-                   dataset, collate, workers: int) -> tuple[Any, Optional[ValSet]]:
+def _loader_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device, dataset, collate,
+                   given_val: Callable[..., Optional[ValBatches]]) -> tuple[Source, Optional[ValBatches]]:
     """A user's Dataset read by DataLoader worker processes: the same rows, steps and
     validation as in the training thread (data/loader.py)."""
-    pin = device.type == "cuda"
+    workers, pin = loader_workers(cfg), device.type == "cuda"
     source = functools.partial(LoaderSource, dataset, cfg.seed, rank, world, cfg.global_batch, cfg.grad_accum,
                                steps=cfg.steps_per_epoch, collate=collate, workers=workers, pin=pin)
-
-    def val_set(ds, index_map=None) -> ValSet:
-        fetch = rows_fetcher(ds, collate)
-        return ValSet(len(ds) if index_map is None else len(index_map),
-                      fetch if index_map is None else lambda idx: fetch(index_map[idx]),
-                      load=lambda lists: loader_val_batches(ds, lists, collate, workers, pin, index_map))
-
     if cfg.val_fraction:
         train_idx, val_idx = split_rows(len(dataset), cfg.val_fraction, cfg.seed)
-        return source(index_map=train_idx), val_set(dataset, val_idx)
-    given = objects.get("val_data")
-    return source(), val_set(given) if given is not None else _given_val_set(cfg, objects, collate)
+        return source(index_map=train_idx), _dataset_val_set(dataset, collate, workers, pin, val_idx)
+    return source(), given_val(workers=workers, pin=pin)
+
+
+def _dataset_val_set(dataset, collate, workers: int = 0, pin: bool = False, index_map=None) -> ValSet:
+    """Validation rows of a Dataset (``index_map``: those rows of it), read by ``workers``
+    loader processes (in this thread without)."""
+    fetch = rows_fetcher(dataset, collate)
+    rows = len(dataset) if index_map is None else len(index_map)
+    if index_map is not None:
+        fetch = (lambda direct: lambda idx: direct(index_map[idx]))(fetch)
+    load = (lambda lists: loader_val_batches(dataset, lists, collate, workers, pin, index_map)) if workers else None
+    return ValSet(rows, fetch, load=load)
 
 
 def _user_dataset(cfg: TrainConfig, objects: dict[str, Any]):
@@ -148,25 +154,22 @@ def _user_dataset(cfg: TrainConfig, objects: dict[str, Any]):
     return dataset
 
 
-def _source_maker(cfg: TrainConfig, rank: int, world: int):
-    return lambda rows, fetch: IndexedSource(rows, fetch, cfg.seed, rank, world, cfg.global_batch,
-                                             cfg.grad_accum)
-
-
-def _training_rows(cfg: TrainConfig, dataset, collate) -> Optional[tuple[int, Callable]]:
-    """(rows, fetch) of the training data held in memory; None for synthetic data."""
+def _training_rows(cfg: TrainConfig, dataset, collate) -> tuple[int, Callable]:
+    """(rows, fetch) of the training data held in memory: a user's Dataset, or --data's."""
     if dataset is not None:
         return len(dataset), rows_fetcher(dataset, collate)
-    if cfg.data == "synthetic":
-        return None
     x, y = load_rows(cfg, cfg.data)
     return len(x), tensor_fetcher(x, y)
 
 
-def _given_val_set(cfg: TrainConfig, objects: dict[str, Any], collate) -> Optional[ValSet]:
+def _given_val_set(cfg: TrainConfig, objects: dict[str, Any], collate, device: torch.device, ray_data=None,
+                   workers: int = 0, pin: bool = False) -> Optional[ValBatches]:
+    """The validation set given apart from the training rows: a Ray Dataset's, val_data=
+    (read by ``workers`` loader processes where the training rows are), or --val-data's."""
+    if ray_data is not None and ray_data.val_table is not None:
+        return RayValSet(ray_data.val_table, device, cfg.seq_len)
     if objects.get("val_data") is not None:
-        dataset = objects["val_data"]
-        return ValSet(len(dataset), rows_fetcher(dataset, collate))
+        return _dataset_val_set(objects["val_data"], collate, workers, pin)
     if cfg.val_data is not None:
         x, y = load_rows(cfg, cfg.val_data)
         return ValSet(len(x), tensor_fetcher(x, y))
@@ -178,8 +181,3 @@ def load_rows(cfg: TrainConfig, path: str) -> tuple[torch.Tensor, torch.Tensor]:
     if cfg.task == "lm" and is_text(path):
         return text_windows(read_text_bytes(path), cfg.seq_len)
     return load_table(inspect_table(path, cfg.features, cfg.target, cfg.task), cfg.seq_len)
-
-
-def _load(spec: str, what: str) -> Callable:
-
-    return load_callable(spec, what=what)

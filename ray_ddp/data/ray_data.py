@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from ray_ddp.data.table_stats import TableConfig, _pick, _width
+from ray_ddp.data.table_stats import TableConfig, column_width, pick_columns
 from ray_ddp.errors import ConfigError
 from ray_ddp.storage import resolve_storage
 
@@ -85,8 +85,8 @@ def dataset_table(cfg, ds, where: str) -> TableConfig:
     if cfg.task == "lm":
         raise ConfigError(f"{where}: a Ray Dataset object trains regression or classification; "
                           "for --task lm give the parquet path: --data PATH --ray-data")
-    feats = _pick(arrow.names, cfg.features, r"f\d+", "features", where)
-    targs = _pick(arrow.names, cfg.target, r"t\d+", "target", where)
+    feats = pick_columns(arrow.names, cfg.features, r"f\d+", "features", where)
+    targs = pick_columns(arrow.names, cfg.target, r"t\d+", "target", where)
     integer = len(targs) == 1 and pa.types.is_integer(arrow.field(targs[0]).type)
     task = cfg.task or ("classification" if integer else "regression")
     if task == "classification" and not integer:
@@ -103,8 +103,8 @@ def dataset_table(cfg, ds, where: str) -> TableConfig:
         rows = ds.count()
     if rows == 0:
         raise ConfigError(f"{where}: the Ray Dataset has no rows")
-    return TableConfig(where, feats, targs, rows, sum(_width(arrow.field(c), where) for c in feats),
-                       sum(_width(arrow.field(c), where) for c in targs), task, classes)
+    return TableConfig(where, feats, targs, rows, sum(column_width(arrow.field(c), where) for c in feats),
+                       sum(column_width(arrow.field(c), where) for c in targs), task, classes)
 
 
 def trainer_datasets(train, val) -> tuple[dict[str, Any], Any]:
@@ -147,6 +147,10 @@ class RayDataSource:
         batch = self._buffer[micro]
         return (*(batch if batch is not None else self.collate.empty()), share)
 
+    def close(self) -> None:
+        """Drop the shard's iteration (and the batches it prefetched)."""
+        self._epoch, self._batches, self._step, self._buffer = None, None, -1, []
+
 
 def table_collate(table: TableConfig, seq_len: int = 0):
     """iter_torch_batches' collate_fn: a pyarrow batch to (inputs, targets) tensors, by
@@ -156,14 +160,14 @@ def table_collate(table: TableConfig, seq_len: int = 0):
 
     # here, not at the top: data/tables.py imports torch, and Ray Train's controller imports this module
     # (to unpickle the plan's RayDataConfig) without torch
-    from ray_ddp.data.tables import _to_tensors
+    from ray_ddp.data.tables import table_tensors
 
     class TableCollate(ArrowBatchCollateFn):
         def __init__(self):
             self.empty_batch = None
 
         def __call__(self, batch):
-            out = _to_tensors(batch, table, seq_len, table.path)
+            out = table_tensors(batch, table, seq_len, table.path)
             if self.empty_batch is None:
                 self.empty_batch = (out[0][:0], out[1][:0])
             return out

@@ -2,14 +2,41 @@
 into a fixed global batch, each rank's share into micro-batches; and the parquet
 stream's row-group order. Every row once per epoch, however many ranks. Runs on workers
 (and on the driver, for the steps of an epoch).
+
+``Source`` and ``ValBatches`` are what every input path gives the loop (data/inputs.py
+chooses which, in one place): in-memory rows (``IndexedSource``), the parquet stream
+(``StreamSource``), synthetic rows (data/synth.py), a Dataset read by loader processes
+(data/loader.py) and Ray Data's shards (data/ray_data.py).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Callable
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 import torch
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A rank's training rows. ``micro_batch(epoch, step, micro)`` gives micro-batch
+    ``micro`` of this rank's part of a step as (inputs, targets, share), ``share`` being the
+    step's rows over the world size (what the loss is weighted by: worker/step.py); an
+    empty part is an empty batch, so every rank takes every step. ``close()`` ends what
+    the source holds open (loader processes); the loop calls it once, at its end."""
+
+    def micro_batch(self, epoch: int, step: int, micro: int) -> tuple[Any, Any, float]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ValBatches(Protocol):
+    """A validation set: this rank's batches, every row counted once across the ranks;
+    ``equal_counts``: as many batches on every rank (the shorter end with an empty
+    one), for a forward that is a collective (FSDP)."""
+
+    def batches(self, rank: int, world: int, batch_size: int, equal_counts: bool = False) -> Iterator[tuple]: ...
 
 
 def accumulation_for(global_batch: int, world: int, batch_size: int) -> int:
@@ -66,6 +93,9 @@ class IndexedSource:
         x, y = self.fetch(idx)
         return x, y, share
 
+    def close(self) -> None:
+        """Nothing is held open: the rows are in memory."""
+
 
 def tensor_fetcher(x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.Tensor], tuple]:
     """fetch(indices) -> rows of two tensors held in memory."""
@@ -107,6 +137,9 @@ class StreamSource:
         start, count = part_span(piece_rows, self.grad_accum, micro)
         x, y = self._rows(epoch, self.bounds[self.rank] + piece_start + start, count)
         return x, y, self._rows_in_step(step) / self.world
+
+    def close(self) -> None:
+        self._cached_key, self._cached = None, None  # the row group read last
 
     def _rows_in_step(self, step: int) -> int:
         return sum(part_span(self.bounds[r + 1] - self.bounds[r], self.steps, step)[1]

@@ -59,3 +59,6 @@ class SyntheticSource:
                                  self.rank * self.grad_accum + micro)
         x, y = synthetic_rows(self.teacher, self.seed, epoch, step, start, count)
         return x, y, self.share
+
+    def close(self) -> None:
+        """Nothing is held open: the rows are made at each call."""

@@ -50,7 +50,7 @@ def open_dataset(path: str):
                           "give parquet files") from None
 
 
-def _pick(names: list[str], given: Optional[str], pattern: str, what: str, path: str) -> tuple[str, ...]:
+def pick_columns(names: list[str], given: Optional[str], pattern: str, what: str, path: str) -> tuple[str, ...]:
     if given:
         cols = tuple(c.strip() for c in given.split(",") if c.strip())
         missing = [c for c in cols if c not in names]
@@ -65,7 +65,7 @@ def _pick(names: list[str], given: Optional[str], pattern: str, what: str, path:
     return tuple(found)
 
 
-def _width(field: pa.Field, path: str) -> int:
+def column_width(field: pa.Field, path: str) -> int:
     t = field.type
     if pa.types.is_fixed_size_list(t) and (pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type)):
         return t.list_size
@@ -95,8 +95,8 @@ def inspect_table(path: str, features: Optional[str], target: Optional[str],
     names = schema.names
     if task == "lm":
         return _inspect_token_table(ds, path, features or "tokens", rows, stream, vocab_size)
-    feats = _pick(names, features, r"f\d+", "features", path)
-    targs = _pick(names, target, r"t\d+", "target", path)
+    feats = pick_columns(names, features, r"f\d+", "features", path)
+    targs = pick_columns(names, target, r"t\d+", "target", path)
     if rows == 0:
         raise ConfigError(f"--data {path} has no rows")
     integer_label = len(targs) == 1 and pa.types.is_integer(schema.field(targs[0]).type)
@@ -114,8 +114,8 @@ def inspect_table(path: str, features: Optional[str], target: Optional[str],
             raise ConfigError(f"--data {path}: column '{targs[0]}' holds no labels, only nulls")
         classes = _count_classes(high, num_classes if skipped else None)
     return TableConfig(path, feats, targs, rows,
-                       sum(_width(schema.field(c), path) for c in feats),
-                       sum(_width(schema.field(c), path) for c in targs), task, classes)
+                       sum(column_width(schema.field(c), path) for c in feats),
+                       sum(column_width(schema.field(c), path) for c in targs), task, classes)
 
 
 def _inspect_token_table(ds, path: str, column: str, rows: int, stream: bool,

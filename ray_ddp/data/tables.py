@@ -32,10 +32,10 @@ def load_table(table: TableConfig, seq_len: int = 0) -> tuple[torch.Tensor, torc
     language model int64 tokens, each row's first ``seq_len`` as inputs and the same
     shifted by one as targets."""
     data = open_dataset(table.path).to_table(columns=list(dict.fromkeys(table.features + table.targets)))
-    return _to_tensors(data, table, seq_len, f"--data {table.path}")
+    return table_tensors(data, table, seq_len, f"--data {table.path}")
 
 
-def _to_tensors(data: pa.Table, table: TableConfig, seq_len: int,
+def table_tensors(data: pa.Table, table: TableConfig, seq_len: int,
                 where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``where``: the rows' place, for the one line that refuses them."""
     if table.task == "lm":
@@ -92,6 +92,6 @@ def row_group_reader(table: TableConfig, seq_len: int = 0):
     def read(path: str, row_group: int) -> tuple[torch.Tensor, torch.Tensor]:
         with fs.open_input_file(path) as f:
             data = pq.ParquetFile(f).read_row_group(row_group, columns=columns)
-        return _to_tensors(data, table, seq_len, f"{path} row group {row_group}")
+        return table_tensors(data, table, seq_len, f"{path} row group {row_group}")
 
     return read

@@ -83,6 +83,7 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
         raise
     finally:
         heartbeat.close()
+        source.close()  # loader processes stop now, not when the worker's process ends
 
 
 class WorkerRun:
