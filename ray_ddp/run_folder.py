@@ -11,6 +11,8 @@ reading and writing go through ``storage.py``, whatever the filesystem.
                         polls it to show progress (driver/progress.py)
       summary.json      the last command's summary (driver/summary.py)
       metrics.parquet   a row per rank per report (observe/callback.py)
+      metrics.parts/    the rows of the checkpoints since the driver last folded them
+                        into metrics.parquet (observe/metrics_table.py)
       eval.parquet      a row per validation (observe/callback.py)
       profile/          --profile's Chrome traces, rank-<r>.pt.trace.json (worker/profile.py)
       hangs/<step>/     the hang watch's stacks and flight records (driver/hangs.py)
@@ -26,6 +28,7 @@ STATUS_FILE = "status.json"
 PROGRESS_FILE = "progress.json"
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.parquet"
+METRICS_PARTS_FOLDER = "metrics.parts"
 EVAL_FILE = "eval.parquet"
 PROFILE_FOLDER = "profile"
 HANGS_FOLDER = "hangs"
@@ -56,6 +59,14 @@ class RunFolder:
     @property
     def metrics(self) -> str:
         return self._in(METRICS_FILE)
+
+    @property
+    def metrics_parts(self) -> str:
+        return self._in(METRICS_PARTS_FOLDER)
+
+    def metrics_part(self, number: int) -> str:
+        """The ``number``-th part appended to metrics.parquet (zero-padded: they sort in order)."""
+        return self._in(f"{METRICS_PARTS_FOLDER}/part-{number:06d}.parquet")
 
     @property
     def evals(self) -> str:

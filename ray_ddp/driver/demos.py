@@ -23,7 +23,8 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.summary import RunSummary
 from ray_ddp.driver.run import run
 from ray_ddp.run_folder import METRICS_FILE
-from ray_ddp.storage import read_table, resolve_storage
+from ray_ddp.storage import resolve_storage
+from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.models.builtin import ToyModel
 
 # the demos' names live in config/choices.py, which `ray-ddp --help` imports without torch;
@@ -69,7 +70,7 @@ def run_demo(name: str, workers: Optional[int] = None, storage: str = "~/ray_ddp
 
 def _metrics_rows(summary: RunSummary) -> list[dict]:
     store = resolve_storage(summary.path.rsplit("/", 1)[0])
-    table = read_table(store.fs, store.run_folder(summary.run).metrics)
+    table = read_metrics(store.fs, store.run_folder(summary.run))
     if table is None:
         raise DemoFailed(f"run {summary.run} left no {METRICS_FILE}")
     return table.to_pylist()

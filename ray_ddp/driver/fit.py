@@ -18,11 +18,12 @@ from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig
 from ray_ddp.cluster.runtime_env import nccl_hang_env, train_controller_env, worker_runtime_env
 from ray_ddp.driver.progress import read_progress, show_progress
 from ray_ddp.run_folder import Progress, RunFolder
-from ray_ddp.storage import StorageConfig, read_table
+from ray_ddp.storage import StorageConfig
 from ray_ddp.driver.start import StartState, planned_steps
 from ray_ddp.driver.status import read_events, write_status
-from ray_ddp.errors import TrainingError
+from ray_ddp.errors import StorageError, TrainingError
 from ray_ddp.worker.collectives import start_up_timeout_s
+from ray_ddp.observe.metrics_table import fold_metrics, read_metrics
 from ray_ddp.observe.summarize import world_stretches
 
 
@@ -57,6 +58,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
                     told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())
                     events.extend(told)
+                    fold_metrics_after_fit(store, run_path)
                 break
             except TrainingError as err:
                 if pending and err.failure is not None:  # the watch ended the group: say why
@@ -91,12 +93,22 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     finally:
         monitor.close()
 
-    table = read_table(store.fs, RunFolder(run_path).metrics)
+    table = read_metrics(store.fs, RunFolder(run_path))
     stretches = world_stretches(table) if table is not None and table.num_rows else None
     # the table holds the whole run: its preemptions and resizes, earlier commands' too
     write_status(store, run_path, "complete", cfg, placement, stretches=stretches,
                  events=merge_events(earlier + events, table_events(table.to_pylist(), stretches or []))
                  if table is not None else merge_events(earlier + events))
+
+
+def fold_metrics_after_fit(store: StorageConfig, run_path: str) -> None:
+    """metrics.parquet with the parts this fit's callback appended. Where the storage
+    fails here the parts stay, for the next fit to fold (every reader reads them
+    meanwhile): it must not hide how the fit itself ended."""
+    try:
+        fold_metrics(store.fs, RunFolder(run_path))
+    except (StorageError, OSError):
+        pass
 
 
 def controller_events(store: StorageConfig, run_path: str) -> list[Event]:

@@ -11,7 +11,8 @@ from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.status import new_run_id, read_run_id
-from ray_ddp.storage import StorageConfig, read_table
+from ray_ddp.storage import StorageConfig
+from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row
 
 
@@ -58,14 +59,14 @@ def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callabl
 def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, Any]) -> bool:
     """Whether --early-stop ended the run at this checkpoint, so that this command has
     nothing left to do: the metrics row of the checkpoint's step says so
-    (``early_stopped``; the table is rewritten with each checkpoint, so it holds that
+    (``early_stopped``; the table and its parts get each checkpoint's rows, so they hold that
     row), and this command does not give a larger --early-stop (which would resume and
     count on, from the validations so far: worker/validate.py)."""
     saved = meta.get("config", {}).get("early_stop")
     if not saved or meta.get("epoch_step", 0) or (cfg.early_stop is not None and cfg.early_stop > saved):
         return False
 
-    table = read_table(store.fs, store.run_folder(cfg.name).metrics)
+    table = read_metrics(store.fs, store.run_folder(cfg.name))
     return early_stop_row(table, meta["step"]) is not None
 
 

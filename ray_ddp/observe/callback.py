@@ -5,6 +5,7 @@ Runs inside Ray Train's controller actor (not the driver).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any, Optional
 import time
 
@@ -12,10 +13,11 @@ import pyarrow as pa
 from ray.train import UserCallback
 from ray_ddp.run_folder import Progress, RunFolder
 from ray_ddp.storage import read_table, resolve_storage, write_json, write_table
+from ray_ddp.observe.metrics_table import MetricsAppender, read_metrics
 from ray_ddp.checkpoint.retention import prune_checkpoints
 from ray_ddp.driver.events import Event, restart_event, to_records
 from ray_ddp.driver.failures import FailureSummary
-from ray_ddp.observe.schema import COLUMNS, EVAL_SCHEMA, SCHEMA, eval_row, unpack_windows
+from ray_ddp.observe.schema import EVAL_SCHEMA, eval_row, unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report
 from ray_ddp.observe.tensorboard import write_tensorboard_rows
@@ -23,7 +25,9 @@ from ray_ddp.observe.mlflow_tracking import log_window
 
 
 class MetricsCallback(UserCallback):
-    """Collects every rank's report into the run's metrics table and progress file."""
+    """Collects every rank's report into the run folder: the metrics table (appended at
+    each checkpoint), the validation table, progress.json, and the restarts and resizes
+    it sees; passes the windows on to MLflow and TensorBoard."""
 
     def __init__(self, storage: str, name: str, epochs: int, total_steps: int,
                  tensorboard: bool = False, keep: int = 0, keep_best: bool = False, tracking=None):
@@ -32,7 +36,10 @@ class MetricsCallback(UserCallback):
         self.epochs = epochs
         self.tensorboard = tensorboard
         self.keep, self.keep_best = keep, keep_best  # with keep_best, Ray keeps all: we prune
-        self._rows: Optional[list[dict[str, Any]]] = None  # loaded lazily in the controller
+        self._table = MetricsAppender()  # the rows not yet in a part of metrics.parquet
+        # (step, world size) of each window so far, earlier commands' included: read
+        # lazily in the controller (it tells a resize)
+        self._worlds: Optional[list[tuple[int, int]]] = None
         self._evals: list[dict[str, Any]] = []
         self._stragglers = StragglerState()
         self._preemptions: list[dict[str, Any]] = []  # shown by the driver as they come
@@ -49,26 +56,56 @@ class MetricsCallback(UserCallback):
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         store = resolve_storage(self.storage)
-        run_path = store.run_path(self.name)
-        folder = RunFolder(run_path)
+        folder = store.run_folder(self.name)
         windows = unpack_windows(metrics)
-        if self._rows is None:
-            self._rows = _load_rows(store.fs, folder.metrics)
-            self._evals = _load_rows(store.fs, folder.evals)
+        if self._worlds is None:
+            self._load_history(store.fs, folder)
         # Windows end on fixed steps, so a restarted worker group (or a resumed run)
-        # re-reports the very steps it redoes: drop the earlier attempt's rows.
+        # re-reports the very steps it redoes: its rows replace the earlier attempt's.
         first_step = int(windows[0][0]["step"])
         self._note_restart(windows[0])
-        self._rows = [r for r in self._rows if r["step"] < first_step]
+        self._worlds = [w for w in self._worlds if w[0] < first_step]
         self._note_resize(windows[0])
-        self._evals = [r for r in self._evals if r["step"] < first_step]
+        self._record(first_step, windows)
         straggler = None
         for window in windows:
-            self._rows += [{c: m.get(c) for c in COLUMNS} for m in window]
-            if "val_loss" in window[0]:
-                self._evals.append(eval_row(window[0]))
             straggler = self._stragglers.update(window)
             self._track(window)
+        progress = self._progress_after(windows, checkpoint, straggler)
+        self._write_progress(progress)
+        if self.tensorboard:
+            for window in windows:
+                self._write_tensorboard(store.path_on_disk(self.name), window)
+            if progress.step >= self.total_steps or progress.early_stop:
+                self._close_tensorboard()
+        if checkpoint is not None:
+            self._table.write_part(store.fs, folder)
+            if self._evals:
+                write_table(store.fs, folder.evals, pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
+            if self.keep_best:
+                prune_checkpoints(store.fs, folder.path, self.keep, self._evals)
+
+    def _load_history(self, fs, folder: RunFolder) -> None:
+        """What earlier commands (and this fit's earlier controller) left: each window's
+        world size, and the validations (eval.parquet is small: rewritten whole)."""
+        table = read_metrics(fs, folder)
+        # a row per rank per window: a window's rows count its world size
+        ranks = Counter([] if table is None else table.column("step").to_pylist())
+        self._worlds = sorted(ranks.items())
+        evals = read_table(fs, folder.evals)
+        self._evals = [] if evals is None else evals.to_pylist()
+
+    def _record(self, first_step: int, windows: list[list[dict[str, Any]]]) -> None:
+        """The windows' rows (metrics.parquet's at the next checkpoint) and validations."""
+        self._table.add(first_step, [m for window in windows for m in window])
+        self._evals = [r for r in self._evals if r["step"] < first_step]
+        for window in windows:
+            self._worlds.append((int(window[0]["step"]), len(window)))
+            if "val_loss" in window[0]:
+                self._evals.append(eval_row(window[0]))
+
+    def _progress_after(self, windows: list[list[dict[str, Any]]], checkpoint, straggler) -> Progress:
+        """progress.json after a report: its last window over every rank, and what this fit saw."""
         report = summarize_report(
             windows[-1], self.epochs, self.total_steps,
             checkpoint=checkpoint.path.rsplit("/", 1)[-1] if checkpoint is not None else None,
@@ -80,25 +117,11 @@ class MetricsCallback(UserCallback):
         self._last_step = self._group_step = int(windows[-1][0]["step"])
         # where each rank runs: the driver names the rank and node of a failure with it
         self._nodes = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
-        progress = Progress(
+        return Progress(
             **report, straggler=straggler, preemptions=self._preemptions,
             events=to_records(self._events),  # restarts Ray Train made itself (--max-failures)
             mlflow_failed=self._tracking_failed, nodes=self._nodes,
             report_time=report["time"])  # "time" also moves with a later event
-        self._write_progress(progress)
-        if self.tensorboard:
-            for window in windows:
-                self._write_tensorboard(store.path_on_disk(self.name), window)
-            if progress.step >= self.total_steps or progress.early_stop:
-                self._close_tensorboard()
-        if checkpoint is not None:
-            write_table(store.fs, folder.metrics,
-                        pa.Table.from_pylist(self._rows, schema=SCHEMA))
-            if self._evals:
-                write_table(store.fs, folder.evals,
-                            pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
-            if self.keep_best:
-                prune_checkpoints(store.fs, run_path, self.keep, self._evals)
 
     # What observe/restarts.py's RestartRecorder (the same controller) reads and records.
 
@@ -150,13 +173,12 @@ class MetricsCallback(UserCallback):
                                           self.preempted_at(at)))
 
     def _note_resize(self, first_window: list[dict[str, Any]]) -> None:
-        """Record a resize when a new worker group runs at another world size than the rows
-        before it (Ray Train's elastic restart, or the driver's restart of an elastic run):
-        said by the driver as it happens, found again in the table at the end."""
-        if not self._rows or not any(m.get("started_at") is not None for m in first_window):
+        """Record a resize when a new worker group runs at another world size than the
+        window before it (Ray Train's elastic restart, or the driver's restart of an
+        elastic run): said by the driver as it happens, found again in the table at the end."""
+        if not self._worlds or not any(m.get("started_at") is not None for m in first_window):
             return
-        last = max(r["step"] for r in self._rows)
-        before = sum(1 for r in self._rows if r["step"] == last)
+        last, before = self._worlds[-1]
         after = len(first_window)
         if before != after:
             self._events.append(Event("resize", time.time(), int(last), None, None,
@@ -195,8 +217,3 @@ class MetricsCallback(UserCallback):
 
             self._tb = SummaryWriter(logdir=f"{run_dir}/tensorboard")
         write_tensorboard_rows(self._tb, metrics)
-
-
-def _load_rows(fs, path: str) -> list[dict[str, Any]]:
-    table = read_table(fs, path)
-    return [] if table is None else table.to_pylist()

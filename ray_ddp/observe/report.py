@@ -13,6 +13,7 @@ from ray_ddp.driver.events import Event, where_restarted
 from ray_ddp.driver.status import read_events
 from ray_ddp.run_folder import METRICS_FILE, RunFolder
 from ray_ddp.storage import StorageConfig, read_table, resolve_storage
+from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.schema import rank_mean
 
 
@@ -52,7 +53,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
 
     store = resolve_storage(storage)
     run_path = store.run_path(name)
-    table = read_table(store.fs, RunFolder(run_path).metrics)
+    table = read_metrics(store.fs, RunFolder(run_path))
     if table is None or table.num_rows == 0:
         raise ConfigError(f"run {name} has no {METRICS_FILE} under {store.uri}; "
                           "check the run name and --storage (ray-ddp runs lists them)")

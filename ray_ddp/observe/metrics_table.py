@@ -1,0 +1,94 @@
+"""metrics.parquet, appended to rather than rewritten: the metrics callback (in Ray
+Train's controller) writes each checkpoint's new rows as a part beside the table
+(``metrics.parts/part-<n>.parquet``), so a checkpoint costs its own rows, not the whole
+run's. The driver folds the parts into metrics.parquet when a fit ends, and when a
+command starts (a driver killed mid-run left some); every reader sees the table and
+its parts as one (``read_metrics``).
+
+A part says from which step it replaces what came before (``from_step``, in its
+metadata): a worker group restarted from a checkpoint re-reports the steps it redoes,
+and those rows replace the earlier attempt's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from ray_ddp.observe.schema import COLUMNS, SCHEMA
+from ray_ddp.run_folder import RunFolder
+from ray_ddp.storage import read_table, write_table
+
+FROM_STEP = b"from_step"
+
+
+class MetricsAppender:
+    """The rows reported since the last part was written, and the step they replace from."""
+
+    def __init__(self):
+        self._rows: list[dict[str, Any]] = []
+        self._from_step: Optional[int] = None
+        self._next_part: Optional[int] = None  # listed once, at the first write
+
+    def add(self, first_step: int, rows: list[dict[str, Any]]) -> None:
+        """A report's rows, its windows' rows from ``first_step`` on: they replace any
+        rows of ``first_step`` or later (a restarted group redoing steps)."""
+        self._rows = [r for r in self._rows if r["step"] < first_step]
+        self._rows += [{c: r.get(c) for c in COLUMNS} for r in rows]
+        self._from_step = first_step if self._from_step is None else min(self._from_step, first_step)
+
+    def write_part(self, fs: pafs.FileSystem, folder: RunFolder) -> None:
+        """The rows so far as the next part; nothing if none came."""
+        if self._from_step is None:
+            return
+        if self._next_part is None:
+            fs.create_dir(folder.metrics_parts, recursive=True)  # a local disk needs the folder
+            # after the parts there (a restarted controller's callback starts afresh)
+            self._next_part = 1 + max((_part_number(p) for p in _part_paths(fs, folder)), default=-1)
+        table = pa.Table.from_pylist(self._rows, schema=SCHEMA)
+        table = table.replace_schema_metadata({FROM_STEP: str(self._from_step).encode()})
+        write_table(fs, folder.metrics_part(self._next_part), table)
+        self._next_part += 1
+        self._rows, self._from_step = [], None
+
+
+def read_metrics(fs: pafs.FileSystem, folder: RunFolder) -> Optional[pa.Table]:
+    """The run's metrics: metrics.parquet with its parts applied in order; None if the
+    run has neither."""
+    table = read_table(fs, folder.metrics)
+    for path in _part_paths(fs, folder):
+        part = read_table(fs, path)
+        if part is None:  # folded meanwhile by another command
+            continue
+        from_step = int((part.schema.metadata or {}).get(FROM_STEP, b"0"))
+        part = part.replace_schema_metadata(None)
+        if table is None:
+            table = part
+            continue
+        kept = table.filter(pc.less(table["step"], from_step))
+        table = pa.concat_tables([kept, part], promote_options="permissive")
+    return table
+
+
+def fold_metrics(fs: pafs.FileSystem, folder: RunFolder) -> None:
+    """Write the parts into metrics.parquet and delete them (on the driver, when no
+    fit is writing)."""
+    parts = _part_paths(fs, folder)
+    if not parts:
+        return
+    table = read_metrics(fs, folder)
+    write_table(fs, folder.metrics, table)
+    fs.delete_dir(folder.metrics_parts)
+
+
+def _part_paths(fs: pafs.FileSystem, folder: RunFolder) -> list[str]:
+    """The parts, oldest first."""
+    found = fs.get_file_info(pafs.FileSelector(folder.metrics_parts, allow_not_found=True))
+    return sorted(f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet"))
+
+
+def _part_number(path: str) -> int:
+    return int(path.rsplit("part-", 1)[1].split(".")[0])
