@@ -1,8 +1,13 @@
-"""WorkerPlan: all that crosses from the driver to a worker, typed. Made on the driver,
-read on every worker (Ray pickles it into the trainer's train_loop_config)."""
+"""The run as resolved, typed: ``RunPlan`` (what the user asked for, and what the data
+and the cluster decided), its ``BatchPlan`` (the global batch and how a world size cuts
+it), and ``WorkerPlan``, all that crosses from the driver to a worker. Made on the
+driver (driver/resolve.py makes the RunPlan, and nothing else derives), read on every
+worker (Ray pickles the WorkerPlan into the trainer's train_loop_config).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -10,16 +15,87 @@ from ray_ddp.config.train import TrainConfig
 
 
 @dataclass(frozen=True)
-class WorkerPlan:
-    """``config``: the run's options as the driver resolved them for this cluster and its
-    data (task, sizes, global batch, steps per epoch, placement); ``resume_from``: the
-    checkpoint folder the driver checked and announced, or None; ``newest_at_start``: the
-    newest checkpoint folder when this fit began (a newer one was written by this fit);
-    ``total_steps``: the global step the run ends at; ``objects``: what the Python API
-    passed (model, train_data, val_data, loss), cloudpickled on the driver so Ray Train's
-    controller only hands bytes on."""
+class BatchCut:
+    """One world size's cut of the global batch: each rank's ``grad_accum`` micro-batches
+    of at most ``micro_rows`` rows (the last step of an epoch may hold fewer)."""
+
+    world: int
+    global_batch: int
+    grad_accum: int
+
+    @property
+    def micro_rows(self) -> int:
+        return -(-self.global_batch // (self.world * self.grad_accum))
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The run's global batch, fixed whatever the world size, and the most rows a
+    micro-batch may hold (--batch-size: what fits in a worker's memory)."""
+
+    global_batch: int
+    batch_size: int
+
+    def cut(self, world: int) -> BatchCut:
+        """The accumulation steps at ``world`` ranks: as few as keep every micro-batch
+        within --batch-size (an elastic run cuts again at each world size it gets)."""
+        return BatchCut(world, self.global_batch, max(1, -(-self.global_batch // (world * self.batch_size))))
+
+
+# What a RunPlan decides over the user's config, by TrainConfig field: the run's config
+# (``RunPlan.run_config``) carries these values; checkpoints store them apart (``plan``).
+PLANNED_FIELDS = ("task", "input_dim", "output_dim", "num_classes", "global_batch", "steps_per_epoch",
+                  "workers", "gpus_per_worker", "cpus_per_worker", "backend")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """``config``: what the user asked for, as checked (never rewritten); the rest: what
+    the data decided (the task, the model's sizes, the steps per epoch) and the cluster
+    (the workers, devices and backend: None before Ray is attached), and the batch plan.
+    A resume or a resize resolves again; nothing else derives these."""
 
     config: TrainConfig
+    task: str
+    input_dim: int
+    output_dim: int
+    num_classes: Optional[int]
+    batch: BatchPlan
+    steps_per_epoch: int
+    workers: Any = None  # N, or "MIN-MAX" for an elastic run
+    gpus_per_worker: Optional[int] = None
+    cpus_per_worker: Optional[int] = None
+    backend: Optional[str] = None
+
+    def planned(self) -> dict[str, Any]:
+        """The plan's own values (PLANNED_FIELDS), as a checkpoint stores them."""
+        return {"task": self.task, "input_dim": self.input_dim, "output_dim": self.output_dim,
+                "num_classes": self.num_classes, "global_batch": self.batch.global_batch,
+                "steps_per_epoch": self.steps_per_epoch, "workers": self.workers,
+                "gpus_per_worker": self.gpus_per_worker, "cpus_per_worker": self.cpus_per_worker,
+                "backend": self.backend}
+
+    def run_config(self) -> TrainConfig:
+        """The options the run trains with: the user's, with the plan's values in place of
+        what they left to the data and the cluster (what models, tasks and sources read)."""
+        return dataclasses.replace(self.config, **self.planned())
+
+
+def saved_run_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's run config: its intent with its plan's values (a checkpoint written
+    before plans were stored apart holds the run config alone, as ``config``)."""
+    return {**meta.get("config", {}), **meta.get("plan", {})}
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """``run``: the RunPlan; ``resume_from``: the checkpoint folder the driver checked and
+    announced, or None; ``newest_at_start``: the newest checkpoint folder when this fit
+    began (a newer one was written by this fit); ``total_steps``: the global step the run
+    ends at; ``objects``: what the Python API passed (model, train_data, val_data, loss),
+    cloudpickled on the driver so Ray Train's controller only hands bytes on."""
+
+    run: RunPlan
     resume_from: Optional[str]
     newest_at_start: Optional[str]
     total_steps: int

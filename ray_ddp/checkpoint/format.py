@@ -109,24 +109,27 @@ class CheckpointSnapshot:
     hf_config: Optional[str] = None  # hf_config.json's text, for a Hugging Face model only
 
 
-def checkpoint_header(state: TrainState, config: dict[str, Any], rank: int, sharded: bool = False
+def checkpoint_header(state: TrainState, run: dict[str, Any], rank: int, sharded: bool = False
                       ) -> dict[str, Any]:
     """What every checkpoint opens with, in meta.json and in train_state.pt alike, whichever
     strategy wrote it: where the run stood, the world size that saved it, the rank that
-    saved, the run's config, and its format ("whole": model.pt holds the model; "sharded":
-    DCP's shards, and model.pt only at the run's end)."""
+    saved, the run (``run``: the user's ``config`` and the RunPlan's values, ``plan``,
+    apart: a resume on another world size reads the intent, plan.saved_run_config both),
+    and its format ("whole": model.pt holds the model; "sharded": DCP's shards, and
+    model.pt only at the run's end)."""
     return {"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
-            "world_size": len(state.rng), "saved_by_rank": rank, "config": config,
+            "world_size": len(state.rng), "saved_by_rank": rank,
+            "config": run.get("config", {}), "plan": run.get("plan", {}),
             "format": "sharded" if sharded else "whole"}
 
 
 def snapshot_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
-                        config: dict[str, Any], rank: int, stateful: Optional[dict[str, Any]] = None,
+                        run: dict[str, Any], rank: int, stateful: Optional[dict[str, Any]] = None,
                         reuse: Optional[CheckpointSnapshot] = None) -> CheckpointSnapshot:
     """Copy everything a checkpoint holds (one memory copy of weights and optimizer
     state). ``stateful``: more objects with state_dict() (LR schedule, gradient scaler).
     ``reuse``: a snapshot already written, whose memory the copy goes into."""
-    header = checkpoint_header(state, config, rank)
+    header = checkpoint_header(state, run, rank)
     return CheckpointSnapshot(
         model=to_cpu(model.state_dict(), reuse.model if reuse else None),
         train_state={
@@ -194,7 +197,7 @@ class CountingWriter:
 
 
 def save_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    state: TrainState, config: dict[str, Any], rank: int,
+                    state: TrainState, run: dict[str, Any], rank: int,
                     stateful: Optional[dict[str, Any]] = None) -> None:
     """Snapshot and write in one go (the loop writes its snapshots off the training thread)."""
-    write_checkpoint(directory, snapshot_checkpoint(model, optimizer, state, config, rank, stateful))
+    write_checkpoint(directory, snapshot_checkpoint(model, optimizer, state, run, rank, stateful))

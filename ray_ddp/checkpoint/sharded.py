@@ -61,7 +61,7 @@ class ShardedCheckpointWriter:
         return self._idle.is_set()
 
     def snapshot(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict[str, Any],
-                 state: TrainState, config: dict[str, Any], dir_name: str, final: bool) -> ShardedSnapshot:
+                 state: TrainState, run: dict[str, Any], dir_name: str, final: bool) -> ShardedSnapshot:
         """Start writing this rank's shards (training waits only for DCP's copy to host
         memory); at the run's end (``final``), also gather the whole model to rank 0
         (every rank takes part)."""
@@ -82,7 +82,7 @@ class ShardedCheckpointWriter:
                                                                         cpu_offload=True))
             snapshot.model = full if self.rank == 0 else None
         if self.rank == 0:
-            header = checkpoint_header(state, config, 0, sharded=True)
+            header = checkpoint_header(state, run, 0, sharded=True)
             snapshot.train_state = {
                 **header,
                 "rng": state.rng,

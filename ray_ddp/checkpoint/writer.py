@@ -34,13 +34,13 @@ class CheckpointWriter:
         return self._idle.is_set()
 
     def snapshot(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict[str, Any],
-                 state: TrainState, config: dict[str, Any], dir_name: str, final: bool) -> CheckpointSnapshot:
+                 state: TrainState, run: dict[str, Any], dir_name: str, final: bool) -> CheckpointSnapshot:
         """Wait for the previous upload (the only wait training has), then copy the state
         (rank 0's: the writer's; the whole model is always in it, whatever ``final``)."""
         self._idle.wait()
         self._idle.clear()
         reuse, self._reusable = self._reusable, None
-        self._latest = snapshot_checkpoint(model, optimizer, state, config, 0, stateful, reuse=reuse)
+        self._latest = snapshot_checkpoint(model, optimizer, state, run, 0, stateful, reuse=reuse)
         return self._latest
 
     def write(self, snapshot: CheckpointSnapshot, dir_name: str) -> str:

@@ -12,7 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ray_ddp.config.choices import AMP_MODES, BACKENDS, BUILTIN_MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, TASKS
-from ray_ddp.config.workers import parse_workers, worker_range
+from ray_ddp.config.workers import worker_range
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.callables import load_callable
 from ray_ddp.config.lora import parse_lora
@@ -30,7 +30,6 @@ def validate_config(cfg: TrainConfig) -> None:
     for name in ("cpus_per_worker", "num_classes", "global_batch", "early_stop"):
         if getattr(cfg, name) is not None:
             _require_positive(name, getattr(cfg, name))
-    cfg.workers = parse_workers(cfg.workers) if cfg.workers is not None else None
     if isinstance(cfg.workers, int):
         _require_positive("workers", cfg.workers)
     if cfg.global_batch is not None and cfg.grad_accum != 1:

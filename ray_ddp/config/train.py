@@ -21,9 +21,11 @@ def _opt(help: str, **cli: Any) -> Any:
     return field(default=default, metadata={"help": help, **cli})
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Everything one training run needs; the single source of defaults and help."""
+    """Everything one training run needs; the single source of defaults and help. What
+    the user asked for: frozen, never rewritten once checked (what the data and the
+    cluster decide is the RunPlan's: ray_ddp/plan.py)."""
 
     # --- model and data ---
     model: str = _opt(
@@ -290,10 +292,12 @@ class TrainConfig:
 
     # ---------------------------------------------------------------- validating
     def validate(self) -> "TrainConfig":
-        """Check what can be checked without a cluster (config.checks holds every check);
-        raise ConfigError on the first problem. ``workers`` is parsed in place."""
-        validate_config(self)
-        return self
+        """The checked config: what can be checked without a cluster (config/checks.py
+        holds every check), ConfigError on the first problem; a copy with ``workers``
+        parsed (N, or "MIN-MAX" for an elastic run)."""
+        checked = dataclasses.replace(self, workers=parse_workers(self.workers) if self.workers is not None else None)
+        validate_config(checked)
+        return checked
 
 
 def _coerce(f: dataclasses.Field, value: Any, key: str) -> Any:

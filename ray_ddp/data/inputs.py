@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 import torch
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.plan import BatchCut
 from ray_ddp.data.sources import IndexedSource, Source, StreamSource, ValBatches, part_bounds, tensor_fetcher
 from ray_ddp.data.synth import SyntheticSource, teacher_weights
 from ray_ddp.data.user import load_user_dataset, rows_fetcher
@@ -83,16 +84,17 @@ def source_kind(cfg: TrainConfig, objects: dict[str, Any], ray_data=None) -> str
     return "synthetic" if cfg.data == "synthetic" else "rows"
 
 
-def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
+def build_inputs(cfg: TrainConfig, cut: BatchCut, rank: int, device: torch.device,
                  objects: dict[str, Any], ray_data=None) -> tuple[Source, Optional[ValBatches]]:
-    """This rank's training source, and the validation set (None without validation);
-    ``ray_data``: a RayDataConfig, where a set comes through Ray Data."""
+    """This rank's training source for the batch plan's ``cut`` at this world size, and
+    the validation set (None without validation); ``ray_data``: a RayDataConfig, where a
+    set comes through Ray Data."""
     kind = source_kind(cfg, objects, ray_data)
+    world = cut.world
     collate = objects.get("collate") or (load_callable(cfg.collate, what="collate") if cfg.collate else None)
     given_val = functools.partial(_given_val_set, cfg, objects, collate, device, ray_data)
     if kind == "ray-data":
-        micro = -(-cfg.global_batch // (world * cfg.grad_accum))  # as IndexedSource cuts a step
-        return RayDataSource(ray_data.table, micro, cfg.grad_accum, device, cfg.seq_len), given_val()
+        return RayDataSource(ray_data.table, cut.micro_rows, cut.grad_accum, device, cfg.seq_len), given_val()
     if kind == "stream":
         # the driver fitted the counts to the data: a worker reads footers, never a column
         # (the model's output size bounds the labels and token ids each row group is checked against)
@@ -100,15 +102,15 @@ def build_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device,
                               num_classes=cfg.num_classes,
                               vocab_size=cfg.vocab_size if cfg.model == "gpt" else cfg.output_dim)
         return (StreamSource(list_row_groups(table), row_group_reader(table, cfg.seq_len), cfg.seed,
-                             rank, world, cfg.steps_per_epoch, cfg.grad_accum), given_val())
+                             rank, world, cfg.steps_per_epoch, cut.grad_accum), given_val())
     if kind == "synthetic":
         teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(device)
-        return SyntheticSource(teacher, cfg.seed, rank, world, cfg.global_batch, cfg.grad_accum), given_val()
+        return SyntheticSource(teacher, cfg.seed, rank, world, cut.global_batch, cut.grad_accum), given_val()
     if kind == "loader":
-        return _loader_inputs(cfg, rank, world, device, _user_dataset(cfg, objects), collate, given_val)
+        return _loader_inputs(cfg, cut, rank, device, _user_dataset(cfg, objects), collate, given_val)
     rows, fetch = _training_rows(cfg, _user_dataset(cfg, objects), collate)
     make = functools.partial(IndexedSource, seed=cfg.seed, rank=rank, world=world,
-                             global_batch=cfg.global_batch, grad_accum=cfg.grad_accum)
+                             global_batch=cut.global_batch, grad_accum=cut.grad_accum)
     if cfg.val_fraction:
         train_idx, val_idx = split_rows(rows, cfg.val_fraction, cfg.seed)
         return (make(len(train_idx), lambda idx: fetch(train_idx[idx])),
@@ -122,12 +124,12 @@ def loader_workers(cfg: TrainConfig) -> int:
         default_loader_workers(cfg.cpus_per_worker or 1)
 
 
-def _loader_inputs(cfg: TrainConfig, rank: int, world: int, device: torch.device, dataset, collate,
+def _loader_inputs(cfg: TrainConfig, cut: BatchCut, rank: int, device: torch.device, dataset, collate,
                    given_val: Callable[..., Optional[ValBatches]]) -> tuple[Source, Optional[ValBatches]]:
     """A user's Dataset read by DataLoader worker processes: the same rows, steps and
     validation as in the training thread (data/loader.py)."""
     workers, pin = loader_workers(cfg), device.type == "cuda"
-    source = functools.partial(LoaderSource, dataset, cfg.seed, rank, world, cfg.global_batch, cfg.grad_accum,
+    source = functools.partial(LoaderSource, dataset, cfg.seed, rank, cut.world, cut.global_batch, cut.grad_accum,
                                steps=cfg.steps_per_epoch, collate=collate, workers=workers, pin=pin)
     if cfg.val_fraction:
         train_idx, val_idx = split_rows(len(dataset), cfg.val_fraction, cfg.seed)

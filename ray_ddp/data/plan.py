@@ -1,8 +1,7 @@
 """What the data decides for a run, checked on the driver before Ray starts (a mistake
 costs seconds and gets one line): the task, the model's input and output sizes, the rows
 of an epoch and of validation, the global batch, and so the steps per epoch. A user's
-Dataset is built (or looked at) once here. ``fit_to_world`` runs on each worker: it cuts
-the global batch for the world size Ray gave the worker.
+Dataset is built (or looked at) once here; driver/resolve.py makes the run's plan of it.
 
 """
 
@@ -14,7 +13,7 @@ from typing import Any, Optional
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.data.ray_data import dataset_table, is_ray_dataset
-from ray_ddp.data.sources import accumulation_for, steps_for_rows
+from ray_ddp.data.sources import steps_for_rows
 from ray_ddp.data.table_stats import inspect_table
 from ray_ddp.data.text import is_text, text_size
 from ray_ddp.data.user import as_row, check_dataset, collate_items, is_dict_rows, load_user_dataset
@@ -91,9 +90,9 @@ def _inspect_training(cfg: TrainConfig, train_data: Any) -> Optional[DataShapeCo
     return _table_shape(cfg, cfg.data)
 
 
-def _table_shape(cfg: TrainConfig, path: str) -> DataShapeConfig:
+def _table_shape(cfg: TrainConfig, path: str, task: Optional[str] = None) -> DataShapeConfig:
     text = is_text(path)
-    task = cfg.task or ("lm" if cfg.model == "gpt" or text else None)
+    task = task or cfg.task or ("lm" if cfg.model == "gpt" or text else None)
     if task == "lm" and text:
         size = text_size(path)
         rows = (size - 1) // cfg.seq_len
@@ -179,13 +178,13 @@ def _example_batch(ds) -> Any:
 def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> tuple[int, Any]:
     """The validation rows, and their checked columns where a table holds them."""
     if is_ray_dataset(val_data):
-        val = _shape_of_table(cfg, dataset_table(dataclasses.replace(cfg, task=shape.task), val_data, "val_data="))
+        val = _shape_of_table(cfg, dataset_table(cfg, val_data, "val_data=", task=shape.task))
         _check_val_matches(val, shape, "val_data=")
         return val.rows, val.table
     if val_data is not None:
         return len(check_dataset(val_data, "val_data=")), None
     if cfg.val_data is not None:
-        val = _table_shape(dataclasses.replace(cfg, task=shape.task), cfg.val_data)
+        val = _table_shape(cfg, cfg.val_data, task=shape.task)  # read as the training data is
         _check_val_matches(val, shape, f"--val-data {cfg.val_data}")
         return val.rows, val.table
     if cfg.val_fraction:
@@ -203,46 +202,31 @@ def _check_val_matches(val: DataShapeConfig, shape: DataShapeConfig, where: str)
                           f"{shape.task} with {shape.input_dim}); give validation rows of the same columns")
 
 
-def fit_batch_to(cfg: TrainConfig, max_workers: int, given_global_batch: Optional[int]) -> TrainConfig:
+def global_batch_for(cfg: TrainConfig, max_workers: int) -> int:
     """The global batch of the run: ``--global-batch`` if given, else the largest world
     size x batch-size x grad-accum (what a fixed-size run has always had)."""
-    if given_global_batch is not None and given_global_batch < max_workers:
-        raise ConfigError(f"--global-batch {given_global_batch} gives some of the {max_workers} "
+    if cfg.global_batch is not None and cfg.global_batch < max_workers:
+        raise ConfigError(f"--global-batch {cfg.global_batch} gives some of the {max_workers} "
                           "workers no rows at all; give at least one row per worker")
-    return dataclasses.replace(cfg, global_batch=given_global_batch or
-                               max_workers * cfg.batch_size * cfg.grad_accum)
+    return cfg.global_batch or max_workers * cfg.batch_size * cfg.grad_accum
 
 
-def fit_to_world(cfg: TrainConfig, world_size: int) -> TrainConfig:
-    """On a worker, the config for the world size Ray gave it: accumulation steps such
-    that each micro-batch holds at most --batch-size rows of the run's fixed global batch
-    (a config that names none has this world x batch-size x grad-accum)."""
-    if cfg.global_batch is None:
-        return dataclasses.replace(cfg, global_batch=world_size * cfg.batch_size * cfg.grad_accum)
-    return dataclasses.replace(cfg, grad_accum=accumulation_for(cfg.global_batch, world_size,
-                                                                cfg.batch_size))
-
-
-def fit_data_to(cfg: TrainConfig, shape: Optional[DataShapeConfig]) -> TrainConfig:
-    """The config with what the data decides: the task, the model's sizes, and the steps
-    per epoch (one pass over the training rows in global batches: ``cfg.global_batch``
-    must be set, and the steps do not depend on the world size)."""
+def data_decides(cfg: TrainConfig, shape: Optional[DataShapeConfig], global_batch: int) -> dict[str, Any]:
+    """What the data decides: the task, the model's sizes (and classes), and the steps
+    per epoch (one pass over the training rows in global batches, whatever the world
+    size); the config's own values where the data is synthetic."""
+    out: dict[str, Any] = dict(task=cfg.task or "regression", input_dim=cfg.input_dim, output_dim=cfg.output_dim,
+                               num_classes=cfg.num_classes, steps_per_epoch=cfg.steps_per_epoch)
     if shape is None:
-        return dataclasses.replace(cfg, task=cfg.task or "regression")
+        return out
     rows = shape.rows - (shape.val_rows if cfg.val_fraction else 0)
-    changes: dict[str, Any] = dict(task=shape.task)
+    out["task"] = shape.task
     if rows:  # training rows from data (not synthetic)
-        changes.update(input_dim=shape.input_dim, output_dim=shape.output_dim,
-                       steps_per_epoch=steps_for_rows(rows, cfg.global_batch))
+        out.update(input_dim=shape.input_dim, output_dim=shape.output_dim,
+                   steps_per_epoch=steps_for_rows(rows, global_batch))
     if shape.task == "classification" and shape.num_classes:
-        changes["num_classes"] = shape.num_classes
+        out["num_classes"] = shape.num_classes
     if shape.task == "lm" and shape.num_classes and cfg.model == "gpt" and shape.num_classes > cfg.vocab_size:
         raise ConfigError(f"the data's token ids go up to {shape.num_classes - 1}; --vocab-size "
                           f"{cfg.vocab_size} is too small; pass --vocab-size {shape.num_classes}")
-    return dataclasses.replace(cfg, **changes)
-
-
-def _numel(value: Any) -> int:
-    import torch
-
-    return int(torch.as_tensor(value).numel())
+    return out

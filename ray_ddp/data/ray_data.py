@@ -69,26 +69,28 @@ def quiet_ray_data(verbose: bool) -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
-def dataset_table(cfg, ds, where: str) -> TableConfig:
+def dataset_table(cfg, ds, where: str, task: Optional[str] = None) -> TableConfig:
     """The columns of a Ray Dataset object, checked like a parquet set's footers: its
     schema's columns (--features / --target, or f0.. / t0..), the rows counted
     (``ds.count()``: from parquet metadata where the pipeline keeps its rows, else by
-    running it once), and for classification the labels' maximum (one pass)."""
+    running it once), and for classification the labels' maximum (one pass). ``task``:
+    the training data's, for validation rows (else --task's, or the columns')."""
     import pyarrow as pa
 
+    task = task or cfg.task
     quiet_ray_data(cfg.verbose)
     schema = ds.schema()
     if schema is None:
         raise ConfigError(f"{where}: the Ray Dataset has no schema (is it empty?)")
     types = [t if isinstance(t, pa.DataType) else pa.from_numpy_dtype(t) for t in schema.types]
     arrow = pa.schema([pa.field(n, t) for n, t in zip(schema.names, types)])
-    if cfg.task == "lm":
+    if task == "lm":
         raise ConfigError(f"{where}: a Ray Dataset object trains regression or classification; "
                           "for --task lm give the parquet path: --data PATH --ray-data")
     feats = pick_columns(arrow.names, cfg.features, r"f\d+", "features", where)
     targs = pick_columns(arrow.names, cfg.target, r"t\d+", "target", where)
     integer = len(targs) == 1 and pa.types.is_integer(arrow.field(targs[0]).type)
-    task = cfg.task or ("classification" if integer else "regression")
+    task = task or ("classification" if integer else "regression")
     if task == "classification" and not integer:
         raise ConfigError(f"{where}: --task classification needs one integer label column; pass --target")
     classes = cfg.num_classes

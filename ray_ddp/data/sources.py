@@ -39,13 +39,6 @@ class ValBatches(Protocol):
     def batches(self, rank: int, world: int, batch_size: int, equal_counts: bool = False) -> Iterator[tuple]: ...
 
 
-def accumulation_for(global_batch: int, world: int, batch_size: int) -> int:
-    """Micro-batches per step on each of ``world`` ranks, so that no micro-batch holds
-    more than ``batch_size`` rows of a ``global_batch``-row step (elastic runs redo this
-    for every world size they get)."""
-    return max(1, -(-global_batch // (world * batch_size)))
-
-
 def part_span(total: int, parts: int, k: int) -> tuple[int, int]:
     """(start, count) of part ``k`` when ``total`` rows are cut into ``parts`` contiguous
     parts whose sizes differ by at most one, larger first (as torch.tensor_split cuts)."""

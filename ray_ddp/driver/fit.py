@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.plan import WorkerPlan
+from ray_ddp.plan import RunPlan, WorkerPlan
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.driver.events import (Event, attribute_hangs, failure_event, from_records, merge_events,
                                    restarted_after_hang, table_events)
@@ -27,7 +27,7 @@ from ray_ddp.observe.metrics_table import fold_metrics, read_metrics
 from ray_ddp.observe.summarize import world_stretches
 
 
-def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConfig,
                     start: StartState, objects: dict[str, Any], echo: Callable[[str], None], *,
                     init_from: Optional[str] = None, model_loss: bool = False, tracking=None,
                     ray_inputs=None) -> None:
@@ -36,6 +36,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
     ``init_from``: a new run's first weights; ``model_loss``: batches hand the model its
     labels (WorkerPlan); ``tracking``: --mlflow's run; ``ray_inputs``: the trainer's Ray
     Datasets, their DataConfig and the workers' RayDataConfig (data/ray_data.py)."""
+    cfg = run.run_config()  # the options the run trains with (status.json shows them)
     run_path = store.run_path(cfg.name)
     scan = start.scan
     restarts = RestartState()
@@ -52,7 +53,7 @@ def fit_with_status(cfg: TrainConfig, store: StorageConfig, placement: Placement
                     with show_progress(store, run_path, echo, enabled=not cfg.quiet,
                                        hangs=lambda: list(monitor.hangs)), \
                             train_controller_env(nccl_hang_env(placement.backend, cfg.hang_timeout)):
-                        plan = plan_workers(cfg, scan, objects, init_from, model_loss, monitor.actor,
+                        plan = plan_workers(run, scan, objects, init_from, model_loss, monitor.actor,
                                             ray_inputs[2] if ray_inputs else None)
                         _fit(cfg, store, placement, plan, objects, tracking, ray_inputs)
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
@@ -117,20 +118,20 @@ def controller_events(store: StorageConfig, run_path: str) -> list[Event]:
     return from_records(progress.events) if progress else []
 
 
-def plan_workers(cfg: TrainConfig, scan: CheckpointScan, objects: dict[str, Any],
+def plan_workers(run: RunPlan, scan: CheckpointScan, objects: dict[str, Any],
                  init_from: Optional[str] = None, model_loss: bool = False,
                  hang_watch: Any = None, ray_data: Any = None) -> WorkerPlan:
-    """All a worker receives: the resolved config, where to resume, where the run ends,
-    and the Python API's objects, pickled here (Ray Train's controller only hands them
-    on, and could not import a user's module that only the workers' PYTHONPATH holds)."""
+    """All a worker receives: the run's plan, where to resume, where the run ends, and
+    the Python API's objects, pickled here (Ray Train's controller only hands them on,
+    and could not import a user's module that only the workers' PYTHONPATH holds)."""
     from ray import cloudpickle
 
-    return WorkerPlan(config=cfg, resume_from=scan.latest, newest_at_start=scan.newest,
-                      total_steps=planned_steps(cfg, scan.meta),
+    return WorkerPlan(run=run, resume_from=scan.latest, newest_at_start=scan.newest,
+                      total_steps=planned_steps(run.config.epochs, run.steps_per_epoch, scan.meta),
                       objects=cloudpickle.dumps({k: v for k, v in objects.items() if v is not None}),
                       model_loss=model_loss,
                       # only before this run's first checkpoint: a restart resumes it instead
-                      init_from=init_from if scan.latest is None else None, init_strict=cfg.init_strict,
+                      init_from=init_from if scan.latest is None else None, init_strict=run.config.init_strict,
                       hang_watch=hang_watch, ray_data=ray_data)
 
 

@@ -17,7 +17,7 @@ from ray_ddp.config.checks import check_devices, check_objects
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
-from ray_ddp.data.plan import check_row_targets, fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.data.plan import check_row_targets, inspect_data
 from ray_ddp.data.ray_data import is_ray_dataset, plan_ray_data
 from ray_ddp.data.saved import open_saved_datasets
 from ray_ddp.parallel.units import check_fsdp_wrap
@@ -25,11 +25,12 @@ from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import StorageConfig, check_writable, read_json, resolve_storage
 from ray_ddp.driver.events import from_records
 from ray_ddp.driver.fit import fit_with_status
+from ray_ddp.driver.resolve import describe_global_batch, resolve
+from ray_ddp.plan import RunPlan
 from ray_ddp.driver.start import StartState, find_start
 from ray_ddp.driver.status import read_events
 from ray_ddp.driver.summary import RunSummary, write_summary
 from ray_ddp.driver.tracking import check_tracking, close_run_tracking, open_run_tracking
-from ray_ddp.data.sources import accumulation_for
 
 
 def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = None,
@@ -49,28 +50,27 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
     cfg, train_data, val_data = open_saved_datasets(cfg, train_data, val_data)  # --data DIR of save_to_disk
     objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss, "collate": collate}
-    cfg = check_config(cfg, objects)
+    cfg = check_config(cfg, objects)  # the user's intent, checked: never rewritten below
     data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds
     check_row_targets(data_shape, loss is not None or cfg.loss is not None)
-    given_batch = cfg.global_batch  # None: workers x batch x accum, once the workers are known
-    cfg = fit_data_to(fit_batch_to(cfg, (worker_range(cfg.workers) or (1, 1))[1], given_batch),
-                      data_shape)  # redone below for the world size the cluster gives
-    check_model(cfg, model, data_shape.example if data_shape is not None and loss is None else None,
-                more_checks=[functools.partial(check_fsdp_wrap, cfg)] if cfg.strategy == "fsdp" else [])
+    plan = resolve(cfg, data_shape)  # resolved again below, for the workers the cluster gives
+    check_model(plan.run_config(), model,
+                data_shape.example if data_shape is not None and loss is None else None,
+                more_checks=[functools.partial(check_fsdp_wrap, plan.run_config())] if cfg.strategy == "fsdp" else [])
     check_tracking(cfg)  # an unreachable MLflow server: one line before Ray starts
     store = open_storage(cfg)
-    start = find_start(cfg, store, data_shape, echo)
+    start = find_start(plan.run_config(), store, data_shape, echo)
     init_from = cfg.init_from if start.resumed_from is None else None
     if cfg.init_from and init_from is None:
         echo(f"--init-from {cfg.init_from} is ignored: run {cfg.name} resumes from its own "
              f"checkpoint {start.resumed_from}")
     elif init_from is not None:
-        check_init_from(cfg, model, init_from)  # the keys, before any worker reads the weights
+        check_init_from(plan.run_config(), model, init_from)  # the keys, before any worker reads the weights
     if start.complete:
         summary = read_json(store.fs, store.run_folder(cfg.name).summary)
         if summary is not None:
             return RunSummary(**{**summary, "already_complete": True})
-        return write_summary(cfg, store, None, start.resumed_from, started)
+        return write_summary(plan.run_config(), store, None, start.resumed_from, started)
 
     marks["attach"] = time.time()
     workers = worker_range(cfg.workers)
@@ -81,13 +81,13 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     with attach_ray(cfg.address, cfg.verbose, idle_workers=False,
                     local_cpus=(workers[1] if workers else 0) * (cfg.cpus_per_worker or 1)) as cluster:
         marks["ray"] = time.time()
-        cfg, placement = place_workers(cfg, cluster, data_shape, given_batch, echo)
-        announce(cfg, placement, start, store, echo)
-        tracking = open_run_tracking(cfg, start.run_id, store.uri_of(cfg.name))
+        plan, placement = place_workers(cfg, cluster, data_shape, echo)
+        announce(plan, placement, start, store, echo)
+        tracking = open_run_tracking(plan.run_config(), start.run_id, store.uri_of(cfg.name))
         ray_inputs = plan_ray_data(cfg, data_shape, train_data, val_data)  # Ray Datasets go to the trainer
         marks["fit"] = time.time()
         try:
-            fit_with_status(cfg, store, placement, start,
+            fit_with_status(plan, store, placement, start,
                             {k: None if is_ray_dataset(v) else v for k, v in objects.items()}, echo,
                             init_from=init_from,
                             model_loss=data_shape is not None and data_shape.hands_labels and loss is None,
@@ -97,7 +97,8 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
                                "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", echo)
             raise
         marks["fitted"] = time.time()  # the last step's report and checkpoint are done
-    summary = write_summary(cfg, store, placement, start.resumed_from, started, marks, start.scan.meta)
+    summary = write_summary(plan.run_config(), store, placement, start.resumed_from, started, marks,
+                            start.scan.meta)
     close_run_tracking(tracking, store, cfg, summary.to_dict(), from_records(summary.events), "FINISHED", echo)
     return summary
 
@@ -106,7 +107,7 @@ def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:
     """The validated config with the run's name and the Python API's objects named in it
     (``python:<Name>``: what status.json, the resume check and the start line show; the
     objects themselves go to the workers in the WorkerPlan)."""
-    cfg = dataclasses.replace(cfg).validate()  # a copy: the caller's config stays as given
+    cfg = cfg.validate()  # a checked copy: the caller's config stays as given
     check_objects(cfg, objects)
     model = objects.get("model")
     if model is not None:
@@ -129,11 +130,11 @@ def open_storage(cfg: TrainConfig) -> StorageConfig:
     return store
 
 
-def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, given_batch: Optional[int],
-                  echo: Callable[[str], None]) -> tuple[TrainConfig, PlacementConfig]:
+def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape,
+                  echo: Callable[[str], None]) -> tuple[RunPlan, PlacementConfig]:
     """Plan the placement on this cluster, check the cluster can ever hold it (waiting for
-    an autoscaler if it must), and return the config resolved for it: workers, devices,
-    backend, the global batch and the steps per epoch."""
+    an autoscaler if it must), and resolve the run for it: workers, devices, backend, the
+    global batch and the steps per epoch."""
     workers = worker_range(cfg.workers)
     placement = plan_placement(workers[1] if workers else None, cfg.gpus_per_worker, cfg.backend,
                                cluster.node_gpus, stages=model_stages(cfg.model),
@@ -143,33 +144,17 @@ def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, given_ba
     ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
     if placement.elastic:
         refresh_elastic_view()  # start with every worker the cluster holds now
-    cfg = fit_data_to(fit_batch_to(cfg, placement.workers, given_batch), data_shape)
-    cfg = dataclasses.replace(cfg, workers=f"{placement.min_workers}-{placement.workers}"
-                              if placement.elastic else placement.workers,
-                              gpus_per_worker=placement.gpus_per_worker,
-                              cpus_per_worker=placement.cpus_per_worker, backend=placement.backend)
-    return cfg, placement
+    return resolve(cfg, data_shape, placement), placement
 
 
-def announce(cfg: TrainConfig, placement: PlacementConfig, start: StartState, store: StorageConfig,
+def announce(plan: RunPlan, placement: PlacementConfig, start: StartState, store: StorageConfig,
              echo: Callable[[str], None]) -> None:
+    cfg = plan.config
     if not cfg.quiet:
         where = f"resuming from {start.resumed_from}" if start.resumed_from else "new run"
         echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
-             f"global batch {describe_global_batch(cfg, placement)}, {cfg.epochs} "
-             f"epochs x {cfg.steps_per_epoch} steps -> {store.run_path(cfg.name)}")
-
-
-def describe_global_batch(cfg: TrainConfig, placement: PlacementConfig) -> str:
-    """The global batch, and how it is cut (for an elastic run: at its largest world size)."""
-    accum = accumulation_for(cfg.global_batch, placement.workers, cfg.batch_size)
-    if placement.elastic:
-        return (f"{cfg.global_batch}, fixed whatever the world size (micro-batches of at most "
-                f"{cfg.batch_size}; {accum} accumulation step(s) per worker at {placement.workers} workers)")
-    if accum == 1 and cfg.global_batch == placement.workers * cfg.batch_size:
-        return str(cfg.global_batch)
-    return (f"{cfg.global_batch} ({placement.workers} workers x {accum} accumulation steps of at most "
-            f"{cfg.batch_size})")
+             f"global batch {describe_global_batch(plan, placement)}, {cfg.epochs} "
+             f"epochs x {plan.steps_per_epoch} steps -> {store.run_path(cfg.name)}")
 
 
 _RUNS_IN_THIS_PROCESS = 0

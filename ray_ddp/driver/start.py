@@ -14,6 +14,7 @@ from ray_ddp.driver.status import new_run_id, read_run_id
 from ray_ddp.storage import StorageConfig
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row
+from ray_ddp.plan import saved_run_config
 
 
 # Fields of the checkpoint's config that must match for a resume to load the weights.
@@ -71,7 +72,7 @@ def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, 
 
 
 def check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
-    saved = meta.get("config", {})
+    saved = saved_run_config(meta)  # what the checkpoint's run trained with
     for key in _SHAPE_KEYS:
         if key in saved and saved[key] != getattr(cfg, key):
             raise ConfigError(
@@ -98,10 +99,10 @@ def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], No
         )
 
 
-def planned_steps(cfg: TrainConfig, meta: Optional[dict[str, Any]]) -> int:
+def planned_steps(epochs: int, steps_per_epoch: int, meta: Optional[dict[str, Any]]) -> int:
     """The global step the run ends at: the steps a resumed run already took, plus what
     is left at this run's steps per epoch (another world size or batch may give other
     steps per epoch than the checkpoint's run had)."""
     if meta is None:
-        return cfg.epochs * cfg.steps_per_epoch
-    return meta["step"] - meta.get("epoch_step", 0) + (cfg.epochs - meta["epoch"]) * cfg.steps_per_epoch
+        return epochs * steps_per_epoch
+    return meta["step"] - meta.get("epoch_step", 0) + (epochs - meta["epoch"]) * steps_per_epoch

@@ -13,6 +13,7 @@ from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.run_folder import METRICS_FILE, PROFILE_FOLDER, RunFolder
 from ray_ddp.storage import StorageConfig, read_table, write_json
 from ray_ddp.observe.metrics_table import read_metrics
+from ray_ddp.plan import saved_run_config
 from ray_ddp.driver.status import read_events
 from ray_ddp.checkpoint.retention import best_checkpoint
 from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
@@ -127,7 +128,7 @@ def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[Pl
     run_path = store.run_path(cfg.name)
     scan = find_latest_checkpoint(store.fs, run_path)
     meta = scan.meta or {}
-    saved_cfg = meta.get("config", {})
+    saved_cfg = saved_run_config(meta)
     table = read_metrics(store.fs, RunFolder(run_path))
     evals = read_table(store.fs, RunFolder(run_path).evals)
     validation = summarize_evals(evals.to_pylist() if evals is not None else [], run_path, store.fs,

@@ -24,11 +24,10 @@ import torch.distributed as dist
 from ray_ddp.checkpoint.format import restore_rng
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.data.inputs import build_inputs
-from ray_ddp.data.plan import fit_to_world
 from ray_ddp.errors import UnusedParametersError
 from ray_ddp.config.callables import load_callable
 from ray_ddp.parallel.build import build_strategy
-from ray_ddp.plan import WorkerPlan
+from ray_ddp.plan import BatchCut, WorkerPlan
 from ray_ddp.tasks.builtin import Task
 from ray_ddp.tasks.batches import takes_keyword
 from ray_ddp.tasks.build import build_task
@@ -50,9 +49,10 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
     started_at = time.time()  # reported once: where the start-up seconds went
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    cfg = plan.run.run_config()  # the options the run trains with
     # an elastic run gets its world size from Ray at each (re)start: the fixed global
     # batch is cut into micro-batches and accumulation steps for this one
-    cfg = fit_to_world(plan.config, world_size)
+    cut = plan.run.batch.cut(world_size)
     objects = plan.load_objects()
     devices = worker_devices(cfg)
     # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
@@ -68,10 +68,10 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
     # batches with labels: the model's own loss, if its forward takes them; else the task's
     task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
                       model_loss=plan.model_loss and takes_keyword(parts.model, "labels"))
-    source, val_set = build_inputs(cfg, rank, world_size, devices[0], objects, plan.ray_data)
+    source, val_set = build_inputs(cfg, cut, rank, devices[0], objects, plan.ray_data)
     heartbeat = Heartbeat(plan.hang_watch, rank, ray.get_runtime_context().get_node_id(),
                           ray.util.get_node_ip_address(), min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step)
-    run = WorkerRun(cfg, rank, world_size, parts, task, source, val_set, state, plan.total_steps,
+    run = WorkerRun(plan, cut, rank, parts, task, source, val_set, state,
                     {"loaded_hash": loaded_hash, "started_at": started_at}, heartbeat)
     try:
         run.train()
@@ -89,21 +89,24 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
 class WorkerRun:
     """One worker's training run: epochs of steps, closed into metrics windows."""
 
-    def __init__(self, cfg, rank: int, world_size: int, parts: TrainParts, task: Task, source,
-                 val_set, state, total_steps: int, first_report: dict, heartbeat: Heartbeat):
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+    def __init__(self, plan: WorkerPlan, cut: BatchCut, rank: int, parts: TrainParts, task: Task, source,
+                 val_set, state, first_report: dict, heartbeat: Heartbeat):
+        cfg = plan.run.run_config()
+        self.cfg, self.cut, self.rank, self.world_size = cfg, cut, rank, cut.world
         self.parts, self.task, self.source, self.state = parts, task, source, state
-        self.total_steps = total_steps
+        self.total_steps = plan.total_steps
+        # what each checkpoint says the run is: the user's intent and the plan, apart
+        self.run_record = {"config": plan.run.config.to_dict(), "plan": plan.run.planned()}
         self.node_rank = ray.train.get_context().get_node_rank()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.first_report: Optional[dict] = first_report  # extra columns of the first row only
         device = parts.devices[0]
         collective = device if dist.get_backend() == "nccl" else torch.device("cpu")
-        self.reporter = Reporter(rank, world_size, cfg.report_interval, collective,
+        self.reporter = Reporter(rank, cut.world, cfg.report_interval, collective,
                                  parts.strategy.checkpoint_writer(ray.train.get_context().get_storage(), rank))
         self.heartbeat = heartbeat
         self.profile = ProfileState(cfg.profile, rank, cfg.storage, cfg.name, device)
-        self.validator = Validator(cfg, val_set, task, parts, rank, world_size, collective,
+        self.validator = Validator(cfg, val_set, task, parts, rank, cut.world, collective,
                                    on_batch=heartbeat.tick)
         self.validator.resume_early_stop(state.step)  # --early-stop's count survives a resume
         self.preemptions = PreemptionState()
@@ -117,7 +120,7 @@ class WorkerRun:
                 break
             for i in range(state.epoch_step, cfg.steps_per_epoch):  # >0 only on mid-epoch resume
                 self.profile.before_step(state.step + 1)
-                train_step(self.parts, self.task, self.source, self.window, epoch, i, cfg.grad_accum,
+                train_step(self.parts, self.task, self.source, self.window, epoch, i, self.cut.grad_accum,
                            cfg.clip_grad, self.reporter.collective_device)
                 state.step += 1
                 state.epoch_step += 1
@@ -185,7 +188,7 @@ class WorkerRun:
         self.reporter.add(row)
         if save:  # the snapshot, the previous upload's end, the final gather: however long
             with self.heartbeat.meant_wait():
-                self.reporter.send_with_checkpoint(self.parts, self.state, self.cfg.to_dict(),
+                self.reporter.send_with_checkpoint(self.parts, self.state, self.run_record,
                                                    final=is_final_save(self.cfg, epoch, epoch_end,
                                                                        self.validator.stopped))
         elif due:

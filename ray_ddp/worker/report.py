@@ -68,7 +68,7 @@ class Reporter:
     def send(self) -> None:
         ray.train.report(self._payload(), checkpoint=None)
 
-    def send_with_checkpoint(self, parts, state, config: dict[str, Any], final: bool = False) -> None:
+    def send_with_checkpoint(self, parts, state, run: dict[str, Any], final: bool = False) -> None:
         """Save a checkpoint and report it; every rank reports. Training waits only for a
         copy of the state in host memory: Ray's upload thread (ASYNC) then writes the
         files straight into run storage while training goes on. Who writes what is the
@@ -84,7 +84,7 @@ class Reporter:
             ray.train.report(self._payload(), checkpoint=None, checkpoint_dir_name=name)
             return
         writer = self.writer
-        snapshot = writer.snapshot(parts.model, parts.optimizer, parts.stateful(), state, config, name, final)
+        snapshot = writer.snapshot(parts.model, parts.optimizer, parts.stateful(), state, run, name, final)
 
         def write_to_storage(_local: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
             return ray.train.Checkpoint(writer.write(snapshot, dir_name), writer.fs)

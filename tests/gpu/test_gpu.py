@@ -79,6 +79,7 @@ def test_two_workers_share_one_gpu_over_gloo(ray_gpu, tmp_path):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from ray_ddp.driver.resolve import resolve
     from ray_ddp.plan import WorkerPlan
     from ray_ddp.worker.loop import train_loop_per_worker
 
@@ -86,7 +87,8 @@ def test_two_workers_share_one_gpu_over_gloo(ray_gpu, tmp_path):
                       report_every=5, storage=str(tmp_path), name="shared")
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=WorkerPlan(config=cfg, resume_from=None, newest_at_start=None, total_steps=5),
+        train_loop_config=WorkerPlan(run=resolve(cfg.validate(), None), resume_from=None, newest_at_start=None,
+                                     total_steps=5),
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=True,
                                      resources_per_worker={"CPU": 1, "GPU": 0.5}),

@@ -20,7 +20,7 @@ from ._runs import final_hashes, rows_of, small
 pytestmark = pytest.mark.ray
 
 
-HEADER = {"epoch", "step", "epoch_step", "world_size", "saved_by_rank", "config", "format"}
+HEADER = {"epoch", "step", "epoch_step", "world_size", "saved_by_rank", "config", "plan", "format"}
 REQUIRED_COLUMNS = {"epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time"}
 
 
@@ -67,6 +67,11 @@ def test_checkpoints_written_by_rank_0_only_and_kept_newest(full_run, storage):
     meta = json.loads((latest / META_FILE).read_text())
     assert set(meta) == HEADER | {"time", "files"} and HEADER <= set(state)
     assert (meta["format"], meta["world_size"], meta["step"]) == ("whole", 2, 30)
+    # what the user asked for and what the run resolved, apart: the task and the global
+    # batch were left to the data and the workers
+    assert (meta["config"]["task"], meta["config"]["global_batch"]) == (None, None)
+    assert (meta["plan"]["task"], meta["plan"]["global_batch"], meta["plan"]["steps_per_epoch"]) == \
+        ("regression", 32, 10)
     assert all(meta[k] == state[k] for k in HEADER)
 
 
@@ -147,7 +152,7 @@ def test_a_ray_already_running_here_is_not_ours_to_fill_on_a_16_core_machine(ful
     # CPUs: 2 x 8 would never fit. A Ray that was already there gets 1 CPU per worker.
     assert os.cpu_count() == 16
     meta = json.loads((storage / "full" / "step-00000030" / META_FILE).read_text())
-    assert meta["config"]["cpus_per_worker"] == 1
+    assert meta["plan"]["cpus_per_worker"] == 1 and meta["config"]["cpus_per_worker"] is None  # asked none
 
 
 def test_an_address_other_than_the_ray_this_process_is_attached_to_is_refused(ray_local, storage):

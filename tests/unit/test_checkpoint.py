@@ -31,7 +31,7 @@ def trained_toy(seed=0):
 def test_round_trip_restores_weights_optimizer_and_position(tmp_path):
     model, opt = trained_toy()
     state = TrainState(epoch=2, step=40, rng=[capture_rng(), capture_rng()])
-    save_checkpoint(str(tmp_path), model, opt, state, TrainConfig().to_dict(), rank=0)
+    save_checkpoint(str(tmp_path), model, opt, state, {"config": TrainConfig().to_dict()}, rank=0)
 
     fresh, fresh_opt = ToyModel(), None
     fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)

@@ -94,7 +94,7 @@ def test_workers_takes_a_number_or_an_elastic_range_from_flags_yaml_and_python(t
                 TrainConfig.from_yaml(str(tmp_path / "bare.yaml")),
                 config_from_args(build_parser().parse_args(["train", "--workers", "2-8"])),
                 TrainConfig(workers="2 - 8")):
-        assert cfg.validate().workers == "2-8" and worker_range(cfg.workers) == (2, 8)
+        assert cfg.validate().workers == "2-8" and worker_range(cfg.validate().workers) == (2, 8)
     fixed = config_from_args(build_parser().parse_args(["train", "--workers", "3"])).validate()
     assert fixed.workers == 3 and worker_range(fixed.workers) == (3, 3)
     assert TrainConfig(workers="4-4").validate().workers == 4  # a range of one size is fixed

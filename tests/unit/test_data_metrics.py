@@ -4,10 +4,11 @@ import pyarrow as pa
 import torch
 
 from ray_ddp.data.synth import SyntheticSource, synthetic_rows, teacher_weights
-from ray_ddp.data.sources import accumulation_for, part_span
+from ray_ddp.data.sources import part_span
 from ray_ddp.driver.summary import describe_startup
 from ray_ddp.observe.schema import SCHEMA, unpack_windows
 from ray_ddp.observe.summarize import summarize_metrics
+from ray_ddp.plan import BatchPlan
 
 
 def test_rows_repeat_exactly_and_differ_across_steps_and_epochs():
@@ -24,7 +25,7 @@ def test_the_global_batch_is_the_same_rows_however_it_is_split():
     t = teacher_weights(0, 10, 5)
     whole_x, whole_y = synthetic_rows(t, 0, 0, 7, 0, 256)
     for world in (1, 2, 3, 4):
-        accum = accumulation_for(256, world, 64)
+        accum = BatchPlan(256, 64).cut(world).grad_accum
         sources = [SyntheticSource(t, 0, r, world, 256, accum) for r in range(world)]
         parts = [src.micro_batch(0, 7, m) for src in sources for m in range(accum)]
         assert max(len(p[0]) for p in parts) <= 64
@@ -34,7 +35,7 @@ def test_the_global_batch_is_the_same_rows_however_it_is_split():
 
 
 def test_accumulation_and_parts_for_a_fixed_global_batch():
-    assert [accumulation_for(512, w, 64) for w in (1, 2, 3, 4, 8, 16)] == [8, 4, 3, 2, 1, 1]
+    assert [BatchPlan(512, 64).cut(w).grad_accum for w in (1, 2, 3, 4, 8, 16)] == [8, 4, 3, 2, 1, 1]
     for total, parts in [(256, 8), (100, 3), (5, 8)]:
         spans = [part_span(total, parts, k) for k in range(parts)]
         assert sum(c for _, c in spans) == total

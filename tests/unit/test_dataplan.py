@@ -7,7 +7,9 @@ import torch
 from ray_ddp.cli.main import main
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.data.plan import fit_batch_to, fit_data_to, fit_to_world, inspect_data
+from ray_ddp.data.plan import inspect_data
+from ray_ddp.driver.resolve import resolve
+from ray_ddp.plan import BatchPlan
 from ray_ddp.data.table_stats import inspect_table
 from ray_ddp.data.tables import load_table
 from ray_ddp.data.synth_files import write_synthetic
@@ -29,10 +31,13 @@ def test_an_integer_label_makes_a_classifier_and_its_classes(sets):
     assert (table.task, table.num_classes, table.input_dim) == ("classification", 3, 6)
     x, y = load_table(table)
     assert x.dtype == torch.float32 and y.dtype == torch.int64 and y.shape == (500,)
-    cfg = fit_data_to(fit_batch_to(TrainConfig(data=str(sets / "cls"), model="mlp", val_fraction=0.2), 2, None),
-                      inspect_data(TrainConfig(data=str(sets / "cls"), val_fraction=0.2)))
-    assert (cfg.task, cfg.output_dim, cfg.num_classes) == ("classification", 3, 3)
-    assert cfg.steps_per_epoch == 7  # 400 training rows / (2 x 32)
+    asked = TrainConfig(data=str(sets / "cls"), model="mlp", val_fraction=0.2, workers=2).validate()
+    plan = resolve(asked, inspect_data(asked))
+    assert (plan.task, plan.output_dim, plan.num_classes) == ("classification", 3, 3)
+    assert plan.steps_per_epoch == 7  # 400 training rows / (2 x 32)
+    # what the data decided is the plan's: the user's config is left as asked
+    assert (plan.config.task, plan.config.num_classes) == (None, None) and plan.config == asked
+    assert plan.run_config().steps_per_epoch == 7
 
 
 def test_token_sequences_and_text_make_a_language_model(sets):
@@ -91,9 +96,13 @@ def test_a_resume_where_the_data_decides_the_steps_may_change_them():
 
 
 def test_a_worker_cuts_the_global_batch_for_the_world_size_it_got():
-    elastic = fit_batch_to(TrainConfig(workers="1-4", batch_size=64), 4, None)  # 4 x 64
-    assert [fit_to_world(elastic, w).grad_accum for w in (1, 2, 3, 4)] == [4, 2, 2, 1]
-    # a config from an older driver (or a hand-made loop config) names no global batch:
-    # it has its own world x batch x accumulation, as before
-    plain = fit_to_world(TrainConfig(batch_size=16, grad_accum=2), 3)
-    assert (plain.global_batch, plain.grad_accum) == (96, 2)
+    elastic = resolve(TrainConfig(workers="1-4", batch_size=64).validate(), None)  # 4 x 64
+    assert elastic.batch == BatchPlan(256, 64)
+    assert [elastic.batch.cut(w).grad_accum for w in (1, 2, 3, 4)] == [4, 2, 2, 1]
+    assert [elastic.batch.cut(w).micro_rows for w in (1, 2, 3, 4)] == [64, 64, 43, 64]
+    # without --global-batch: the largest world x batch x accumulation, cut back at that world
+    plain = resolve(TrainConfig(workers=3, batch_size=16, grad_accum=2).validate(), None)
+    assert plain.batch.global_batch == 96 and plain.batch.cut(3).grad_accum == 2
+    assert plain.config.global_batch is None and plain.run_config().global_batch == 96
+    with pytest.raises(ConfigError, match="--global-batch 3 gives some of the 4 workers no rows"):
+        resolve(TrainConfig(workers=4, global_batch=3).validate(), None)

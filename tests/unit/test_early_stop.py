@@ -26,6 +26,7 @@ from ray_ddp.run_folder import EVAL_FILE, METRICS_FILE
 from ray_ddp.storage import resolve_storage, write_json, write_table
 from ray_ddp.worker.loop import is_final_save
 from ray_ddp.worker.validate import EarlyStop, Validator
+from ray_ddp.plan import BatchPlan
 
 
 def test_the_count_resets_only_on_a_lower_val_loss():
@@ -142,7 +143,7 @@ def write_stopped_run(tmp_path, cfg, early_stopped=True, epoch_step=0):
     run_path = store.run_path(cfg.name)
     model = ToyModel()
     save_checkpoint(f"{run_path}/{checkpoint_dir_name(30)}", model, torch.optim.SGD(model.parameters(), lr=0.1),
-                    TrainState(3, 30, epoch_step, []), cfg.to_dict(), rank=0)
+                    TrainState(3, 30, epoch_step, []), {"config": cfg.to_dict()}, rank=0)
     base = {"samples": 10, "step_time_s": 0.1, "samples_per_s": 100.0, "time": time.time(), "loss": 0.3,
             "units": 10.0, "world_size": 1}
     rows = [{**base, "epoch": e, "step": 10 * e, "rank": 0, "early_stopped": e == 3 and early_stopped}
@@ -191,7 +192,7 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     cfg = TrainConfig(epochs=10, steps_per_epoch=2, report_every=10, checkpoint_every=4, early_stop=2,
                       val_fraction=0.2)
     worker = loop.WorkerRun.__new__(loop.WorkerRun)
-    worker.cfg, worker.state = cfg, TrainState()
+    worker.cfg, worker.state, worker.cut = cfg, TrainState(), BatchPlan(32, 32).cut(1)
     worker.parts = SimpleNamespace(strategy=SimpleNamespace(sync_buffers=lambda *a: None), model=None)
     worker.reporter = SimpleNamespace(collective_device=torch.device("cpu"))
     worker.window = SimpleNamespace(started=0.0)

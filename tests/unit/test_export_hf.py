@@ -48,7 +48,7 @@ def write_ddp(run_dir, model):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     writer = CheckpointWriter(pafs.LocalFileSystem(), lambda name: str(run_dir / name))
     state = TrainState(epoch=1, step=10, rng=[{"torch": torch.get_rng_state()}])
-    snapshot = writer.snapshot(model, optimizer, {}, state, {"model": "hf"}, STEP, final=True)
+    snapshot = writer.snapshot(model, optimizer, {}, state, {"config": {"model": "hf"}}, STEP, final=True)
     writer.write(snapshot, STEP)
     return run_dir / STEP
 

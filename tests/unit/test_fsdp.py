@@ -124,7 +124,7 @@ def test_a_sharded_checkpoint_is_whole_reloads_exactly_and_exports(one_rank_grou
     fs = pafs.LocalFileSystem() if storage == "local" else pafs.PyFileSystem(FlakyHandler(fail_opens=0))
     writer = ShardedCheckpointWriter(fs, lambda name: str(run / name), rank=0)
     state = TrainState(epoch=1, step=2, rng=[{"torch": torch.get_rng_state()}])
-    snapshot = writer.snapshot(model, optimizer, {}, state, {"model": "gpt"}, "step-00000002",
+    snapshot = writer.snapshot(model, optimizer, {}, state, {"config": {"model": "gpt"}}, "step-00000002",
                                final=True)
     trained = weights_hash(model)
     with torch.no_grad():  # training goes on while the shards are written: they hold step 2

@@ -43,7 +43,7 @@ def write_sharded(run_dir, model, optimizer):
     """A checkpoint as training writes it (shards only, no model.pt); its folder."""
     writer = ShardedCheckpointWriter(pafs.LocalFileSystem(), lambda name: str(run_dir / name), rank=0)
     state = TrainState(epoch=1, step=1, rng=[{"torch": torch.get_rng_state()}])
-    snapshot = writer.snapshot(model, optimizer, {}, state, {"model": "gpt"}, "step-00000001",
+    snapshot = writer.snapshot(model, optimizer, {}, state, {"config": {"model": "gpt"}}, "step-00000001",
                                final=False)
     writer.write(snapshot, "step-00000001")
     return run_dir / "step-00000001"

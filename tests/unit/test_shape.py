@@ -192,3 +192,39 @@ def test_no_module_is_longer_than_350_lines():
 def test_every_module_opens_with_a_docstring():
     missing = [name for name, path in modules().items() if not ast.get_docstring(ast.parse(path.read_text()))]
     assert not missing, missing
+
+
+def planned_rewrites(source: str) -> list[int]:
+    """The lines that rewrite a config's planned field (``replace(cfg, task=...)``,
+    ``replace(config, steps_per_epoch=...)``): what only plan.py's RunPlan may do."""
+    from ray_ddp.plan import PLANNED_FIELDS
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        target = node.args[0]
+        if name == "replace" and isinstance(target, ast.Name) and target.id in ("cfg", "config") and \
+                any(k.arg in PLANNED_FIELDS for k in node.keywords):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_users_config_is_frozen_and_only_the_run_plan_derives_from_it():
+    """TrainConfig is what the user asked for: frozen, and no module but plan.py fills in
+    what the data or the cluster decide (driver/resolve.py makes the one RunPlan)."""
+    import dataclasses
+
+    from ray_ddp.config.train import TrainConfig
+
+    assert TrainConfig.__dataclass_params__.frozen
+    try:
+        TrainConfig().task = "lm"
+        raise AssertionError("a TrainConfig field was set")
+    except dataclasses.FrozenInstanceError:
+        pass
+    offenders = {name: lines for name, path in modules().items() if name != "ray_ddp.plan"
+                 for lines in [planned_rewrites(path.read_text())] if lines}
+    assert not offenders, f"planned fields rewritten outside plan.py: {offenders}"
+    assert planned_rewrites("dataclasses.replace(cfg, task='lm', lr=1.0)") == [1]  # the check sees one

@@ -11,7 +11,8 @@ from torch.utils.data import TensorDataset
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.data.inputs import SOURCE_KINDS, build_inputs, source_kind
 from ray_ddp.data.loader import LoaderSource
-from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.data.plan import inspect_data
+from ray_ddp.driver.resolve import resolve
 from ray_ddp.data.ray_data import RayDataConfig
 from ray_ddp.data.sources import IndexedSource, Source, StreamSource, ValBatches
 from ray_ddp.data.synth import SyntheticSource
@@ -20,11 +21,11 @@ from ray_ddp.data.synth_files import write_synthetic
 CPU = torch.device("cpu")
 
 
-def resolved(objects=None, **kw) -> TrainConfig:
-    """The config a worker gets: checked, and fitted to its data on 2 workers."""
+def resolved(objects=None, **kw):
+    """What a worker of 2 gets: the run config of the plan for its data, and its batch cut."""
     cfg = TrainConfig(workers=2, batch_size=8, **kw).validate()
-    shape = inspect_data(cfg, (objects or {}).get("train_data"), (objects or {}).get("val_data"))
-    return fit_data_to(fit_batch_to(cfg, 2, None), shape)
+    plan = resolve(cfg, inspect_data(cfg, (objects or {}).get("train_data"), (objects or {}).get("val_data")))
+    return plan.run_config(), plan.batch.cut(2)
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +49,9 @@ def rows(n=50):
 ])
 def test_each_kind_is_a_source_that_cuts_the_step_and_closes(table, kind, options, objects, cls):
     options = {k: table if v == "TABLE" else v for k, v in options.items()}
-    cfg = resolved(objects, **options)
+    cfg, cut = resolved(objects, **options)
     assert source_kind(cfg, objects) == kind and kind in SOURCE_KINDS
-    source, val_set = build_inputs(cfg, 1, 2, CPU, objects)
+    source, val_set = build_inputs(cfg, cut, 1, CPU, objects)
     assert type(source) is cls and isinstance(source, Source) and val_set is None
     if kind != "loader":  # (its processes are test_loader.py's)
         x, y, share = source.micro_batch(0, 0, 0)
@@ -59,7 +60,7 @@ def test_each_kind_is_a_source_that_cuts_the_step_and_closes(table, kind, option
 
 
 def test_ray_data_decides_first_and_its_validation_alone_leaves_the_rows_source(table):
-    cfg = resolved(data=table)
+    cfg, _ = resolved(data=table)
     assert source_kind(cfg, {}, RayDataConfig(table=object())) == "ray-data"
     assert source_kind(cfg, {}, RayDataConfig(val_table=object())) == "rows"
 
@@ -73,8 +74,8 @@ def test_every_validation_set_is_a_valbatches_counting_each_row_once(table, give
                "val_object_loader": {"loader_workers": 1}}[given]
     if given.startswith("val_object"):
         objects["val_data"] = rows(30)
-    cfg = resolved(objects, **options)
-    _, val_set = build_inputs(cfg, 0, 1, CPU, objects)
+    cfg, cut = resolved(objects, **options)
+    _, val_set = build_inputs(cfg, cut, 0, CPU, objects)
     assert isinstance(val_set, ValBatches)
     if given != "val_object_loader":  # (loader processes: test_loader.py's)
         counted = sum(len(b[1]) for b in val_set.batches(0, 1, 8))

@@ -184,16 +184,16 @@ _PEAK_SCRIPT = """
 import json, resource, sys
 import pyarrow as pa, torch
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.data.plan import fit_batch_to, fit_data_to, inspect_data
+from ray_ddp.data.plan import inspect_data
 from ray_ddp.data.inputs import build_inputs
+from ray_ddp.driver.resolve import resolve
 
 def start(data, **kw):
     # what a --stream run does before its first step: the driver's check, then a worker's source
-    cfg = TrainConfig(data=data, stream=True, **kw)
-    cfg.validate()
+    cfg = TrainConfig(data=data, stream=True, workers=1, **kw).validate()
     shape = inspect_data(cfg)
-    cfg = fit_data_to(fit_batch_to(cfg, 1, None), shape)
-    build_inputs(cfg, 0, 1, torch.device("cpu"), {})
+    plan = resolve(cfg, shape)
+    build_inputs(plan.run_config(), plan.batch.cut(1), 0, torch.device("cpu"), {})
     return shape
 
 kw = json.loads(sys.argv[3])
