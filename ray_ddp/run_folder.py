@@ -11,8 +11,8 @@ reading and writing go through ``storage.py``, whatever the filesystem.
                         polls it to show progress (driver/progress.py)
       summary.json      the last command's summary (driver/summary.py)
       metrics.parquet   a row per rank per report (observe/callback.py)
-      metrics.parts/    the rows of the checkpoints since the driver last folded them
-                        into metrics.parquet (observe/metrics_table.py)
+      metrics.parts/    the rows of the latest checkpoints, not yet folded into
+                        metrics.parquet (observe/metrics_table.py)
       eval.parquet      a row per validation (observe/callback.py)
       profile/          --profile's Chrome traces, rank-<r>.pt.trace.json (worker/profile.py)
       hangs/<step>/     the hang watch's stacks and flight records (driver/hangs.py)

@@ -92,6 +92,7 @@ class MetricsCallback(UserCallback):
         # a row per rank per window: a window's rows count its world size
         ranks = Counter([] if table is None else table.column("step").to_pylist())
         self._worlds = sorted(ranks.items())
+        self._table.table_rows = 0 if table is None else table.num_rows
         evals = read_table(fs, folder.evals)
         self._evals = [] if evals is None else evals.to_pylist()
 

@@ -1,9 +1,12 @@
 """metrics.parquet, appended to rather than rewritten: the metrics callback (in Ray
 Train's controller) writes each checkpoint's new rows as a part beside the table
 (``metrics.parts/part-<n>.parquet``), so a checkpoint costs its own rows, not the whole
-run's. The driver folds the parts into metrics.parquet when a fit ends, and when a
-command starts (a driver killed mid-run left some); every reader sees the table and
-its parts as one (``read_metrics``).
+run's. The parts are folded into metrics.parquet once they hold as many rows as the
+table (the first checkpoint's at once, then at twice the rows, four times...: each row
+is rewritten a bounded number of times, so a run's writes grow with its rows, not with
+rows x checkpoints), and by the driver when a fit ends. So metrics.parquet is there from
+the first checkpoint on and holds the rows up to a checkpoint; every reader that must
+see them all reads the table and its parts as one (``read_metrics``).
 
 A part says from which step it replaces what came before (``from_step``, in its
 metadata): a worker group restarted from a checkpoint re-reports the steps it redoes,
@@ -26,12 +29,14 @@ FROM_STEP = b"from_step"
 
 
 class MetricsAppender:
-    """The rows reported since the last part was written, and the step they replace from."""
+    """The rows reported since the last part was written, the step they replace from,
+    and how many rows the table and its parts hold (when to fold)."""
 
-    def __init__(self):
+    def __init__(self, table_rows: int = 0):
         self._rows: list[dict[str, Any]] = []
         self._from_step: Optional[int] = None
         self._next_part: Optional[int] = None  # listed once, at the first write
+        self.table_rows, self.part_rows = table_rows, 0
 
     def add(self, first_step: int, rows: list[dict[str, Any]]) -> None:
         """A report's rows, its windows' rows from ``first_step`` on: they replace any
@@ -41,7 +46,8 @@ class MetricsAppender:
         self._from_step = first_step if self._from_step is None else min(self._from_step, first_step)
 
     def write_part(self, fs: pafs.FileSystem, folder: RunFolder) -> None:
-        """The rows so far as the next part; nothing if none came."""
+        """The rows so far as the next part (nothing if none came); the parts folded into
+        the table once they hold as many rows as it does."""
         if self._from_step is None:
             return
         if self._next_part is None:
@@ -52,7 +58,11 @@ class MetricsAppender:
         table = table.replace_schema_metadata({FROM_STEP: str(self._from_step).encode()})
         write_table(fs, folder.metrics_part(self._next_part), table)
         self._next_part += 1
+        self.part_rows += len(self._rows)
         self._rows, self._from_step = [], None
+        if self.part_rows >= self.table_rows:
+            folded = fold_metrics(fs, folder)
+            self.table_rows, self.part_rows, self._next_part = folded, 0, None  # the folder is gone
 
 
 def read_metrics(fs: pafs.FileSystem, folder: RunFolder) -> Optional[pa.Table]:
@@ -73,15 +83,17 @@ def read_metrics(fs: pafs.FileSystem, folder: RunFolder) -> Optional[pa.Table]:
     return table
 
 
-def fold_metrics(fs: pafs.FileSystem, folder: RunFolder) -> None:
-    """Write the parts into metrics.parquet and delete them (on the driver, when no
-    fit is writing)."""
+def fold_metrics(fs: pafs.FileSystem, folder: RunFolder) -> int:
+    """Write the parts into metrics.parquet and delete them (by the one writer: the
+    callback, or the driver once a fit has ended); the table's rows."""
     parts = _part_paths(fs, folder)
     if not parts:
-        return
+        table = read_table(fs, folder.metrics)
+        return 0 if table is None else table.num_rows
     table = read_metrics(fs, folder)
-    write_table(fs, folder.metrics, table)
+    write_table(fs, folder.metrics, table)  # atomic: a reader sees the old table or the new
     fs.delete_dir(folder.metrics_parts)
+    return table.num_rows
 
 
 def _part_paths(fs: pafs.FileSystem, folder: RunFolder) -> list[str]:

@@ -30,29 +30,36 @@ def keys(table):
     return [(r["step"], r["rank"], r["loss"]) for r in table.to_pylist()]
 
 
-def test_each_checkpoint_writes_its_own_rows_and_never_the_table_again(tmp_path):
+def test_each_checkpoint_appends_its_rows_and_the_table_is_rewritten_only_as_it_doubles(tmp_path):
     (tmp_path / "r").mkdir()
-    callback = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30)
+    callback = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=200)
     run = tmp_path / "r"
-    callback.after_report(None, [row(5, 0), row(5, 1)], checkpoint=None)
-    callback.after_report(None, [row(10, 0), row(10, 1)], checkpoint=checkpoint(10))
-    callback.after_report(None, [row(15, 0), row(15, 1)], checkpoint=None)
-    callback.after_report(None, [row(20, 0), row(20, 1)], checkpoint=checkpoint(20))
-    parts = sorted(p.name for p in (run / METRICS_PARTS_FOLDER).iterdir())
-    assert parts == ["part-000000.parquet", "part-000001.parquet"]
-    assert [r["step"] for r in pq.read_table(run / METRICS_PARTS_FOLDER / parts[1]).to_pylist()] == [15, 15, 20, 20]
-    assert not (run / METRICS_FILE).exists()
-    # a restarted group redoes steps 11-20 and reports them again: they replace the first try
-    callback.after_report(None, [row(15, 0, 2.0, started_at=1.0), row(15, 1, 2.0, started_at=1.0)], checkpoint=None)
-    callback.after_report(None, [row(20, 0, 2.0), row(20, 1, 2.0)], checkpoint=checkpoint(20))
     store = resolve_storage(str(tmp_path))
     folder = store.run_folder("r")
-    want = [(5, 0, 1.0), (5, 1, 1.0), (10, 0, 1.0), (10, 1, 1.0), (15, 0, 2.0), (15, 1, 2.0), (20, 0, 2.0),
-            (20, 1, 2.0)]
-    assert keys(read_metrics(store.fs, folder)) == want
-    fold_metrics(store.fs, folder)
+    in_table, in_all, parts = [], [], []
+    for step in range(10, 90, 10):  # a report of 2 ranks, then its checkpoint, 8 times
+        callback.after_report(None, [row(step - 5, 0), row(step - 5, 1)], checkpoint=None)
+        callback.after_report(None, [row(step, 0), row(step, 1)], checkpoint=checkpoint(step))
+        in_table.append(pq.read_table(run / METRICS_FILE).num_rows)
+        in_all.append(read_metrics(store.fs, folder).num_rows)
+        parts.append(len(list((run / METRICS_PARTS_FOLDER).iterdir())) if (run / METRICS_PARTS_FOLDER).exists() else 0)
+    # metrics.parquet from the first checkpoint on, rewritten at the 1st, 2nd, 4th and 8th
+    # (as the appended rows reach its own): each row rewritten a bounded number of times
+    assert in_table == [4, 8, 8, 16, 16, 16, 16, 32]
+    assert parts == [0, 0, 1, 0, 1, 2, 3, 0]
+    assert in_all == [4, 8, 12, 16, 20, 24, 28, 32]  # what every reader sees: every row
+    # a restarted group redoes steps 81-100 (its checkpoint was step 80's): its rows replace the first try's
+    callback.after_report(None, [row(85, 0, 2.0, started_at=1.0), row(85, 1, 2.0, started_at=1.0)], checkpoint=None)
+    callback.after_report(None, [row(90, 0, 2.0), row(90, 1, 2.0)], checkpoint=checkpoint(90))
+    callback.after_report(None, [row(95, 0, 3.0), row(95, 1, 3.0)], checkpoint=None)
+    callback.after_report(None, [row(100, 0, 3.0), row(100, 1, 3.0)], checkpoint=checkpoint(100))
+    callback.after_report(None, [row(95, 0, 4.0, started_at=1.0), row(95, 1, 4.0, started_at=1.0)], checkpoint=None)
+    callback.after_report(None, [row(100, 0, 4.0), row(100, 1, 4.0)], checkpoint=checkpoint(100))
+    want = keys(read_metrics(store.fs, folder))
+    assert want[-8:] == [(85, 0, 2.0), (85, 1, 2.0), (90, 0, 2.0), (90, 1, 2.0),
+                         (95, 0, 4.0), (95, 1, 4.0), (100, 0, 4.0), (100, 1, 4.0)] and len(want) == 40
+    fold_metrics(store.fs, folder)  # the driver, when the fit ends
     assert keys(pq.read_table(run / METRICS_FILE)) == want and not (run / METRICS_PARTS_FOLDER).exists()
-    assert keys(read_metrics(store.fs, folder)) == want
 
 
 def test_parts_after_an_older_table_drop_its_redone_steps_and_fill_its_missing_columns(tmp_path):
@@ -61,7 +68,7 @@ def test_parts_after_an_older_table_drop_its_redone_steps_and_fill_its_missing_c
     (tmp_path / "r").mkdir()
     old = pa.Table.from_pylist([{"step": s, "rank": 0, "loss": 1.0} for s in (10, 20, 30)])  # an older writer's
     pq.write_table(old, tmp_path / "r" / METRICS_FILE)
-    appender = MetricsAppender()
+    appender = MetricsAppender(table_rows=3)  # a part of 1 row stays a part beside 3
     appender.add(21, [row(25, 0, 3.0)])  # resumed from step 20's checkpoint: 30 is redone
     appender.write_part(store.fs, folder)
     appender.write_part(store.fs, folder)  # nothing new: no part
@@ -69,6 +76,11 @@ def test_parts_after_an_older_table_drop_its_redone_steps_and_fill_its_missing_c
     assert keys(merged) == [(10, 0, 1.0), (20, 0, 1.0), (25, 0, 3.0)]
     assert merged.to_pylist()[-1]["samples"] == 8 and merged.to_pylist()[0]["samples"] is None
     assert len(list((tmp_path / "r" / METRICS_PARTS_FOLDER).iterdir())) == 1
+    appender.add(30, [row(30, 0, 3.0), row(35, 0, 3.0)])  # 3 rows appended now: folded into the table
+    appender.write_part(store.fs, folder)
+    assert keys(pq.read_table(tmp_path / "r" / METRICS_FILE)) == [(10, 0, 1.0), (20, 0, 1.0), (25, 0, 3.0),
+                                                                 (30, 0, 3.0), (35, 0, 3.0)]
+    assert not (tmp_path / "r" / METRICS_PARTS_FOLDER).exists()
 
 
 def test_a_run_with_neither_reads_as_none(tmp_path):
