@@ -21,6 +21,13 @@ META_FILE = "meta.json"
 HF_CONFIG_FILE = "hf_config.json"
 
 
+# The options of a checkpoint's run that must match for a resume to load its weights:
+# the model's shape and the strategy that wrote it (driver/start.py checks them against
+# the checkpoint header's config and plan, checkpoint/format.py's).
+RESUME_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "heads", "seq_len",
+               "vocab_size", "strategy", "lora")
+
+
 # Every file a checkpoint folder may hold besides meta.json: the two writers' files and
 # DCP's shards (rank r's __r_<i>.distcp, the coordinator's .metadata). A manifest is read
 # from storage, which others may write: a name outside this list (../../x, /etc/x, a

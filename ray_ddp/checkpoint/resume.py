@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 from ray_ddp.checkpoint.format import TrainState
-from ray_ddp.checkpoint.load import load_checkpoint
-from ray_ddp.checkpoint.sharded import is_sharded_checkpoint, load_sharded_checkpoint
+from ray_ddp.checkpoint.sharded import is_sharded_checkpoint
 from ray_ddp.checkpoint.verify import verify_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import CheckpointError
@@ -20,11 +19,13 @@ from ray_ddp.storage import resolve_storage
 
 
 def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newest_at_start: Optional[str],
-                              model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
-    """Load into the model (bare under DDP, sharded in place under FSDP) the checkpoint the driver checked and announced
-    (``resume_from``), or, after a restart within this run, the newer one Ray hands back
-    (newer than any that existed when the run began); a fresh TrainState if neither.
-    Every file is checked against its meta.json (size and CRC-32) before it is loaded."""
+                              strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
+                              stateful: dict) -> TrainState:
+    """Load into the model, through the strategy that wrote it (bare under DDP, sharded in
+    place under FSDP), the checkpoint the driver checked and announced (``resume_from``),
+    or, after a restart within this run, the newer one Ray hands back (newer than any that
+    existed when the run began); a fresh TrainState if neither. Every file is checked
+    against its meta.json (size and CRC-32) before it is loaded."""
     store = resolve_storage(cfg.storage)
     candidates = []
     latest = ray.train.get_checkpoint()
@@ -36,11 +37,12 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
     problems = []
     for checkpoint in candidates:
         with checkpoint.as_directory() as directory:
-            sharded = is_sharded_checkpoint(directory)
+            sharded = strategy.checkpoint_format == "sharded"
             problem = verify_checkpoint(directory, shards_by_size=sharded)
+            if problem is None and is_sharded_checkpoint(directory) != sharded:  # (the driver refuses it first)
+                problem = f"not a checkpoint of --strategy {strategy.name}"
             if problem is None:
-                load = load_sharded_checkpoint if sharded else load_checkpoint
-                return load(directory, model, optimizer, stateful)
+                return strategy.load_checkpoint(directory, model, optimizer, stateful)
         problems.append(f"{_dir_name(checkpoint.path)}: {problem}")
     if problems:
         raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))

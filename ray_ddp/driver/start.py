@@ -15,11 +15,7 @@ from ray_ddp.storage import StorageConfig
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row
 from ray_ddp.plan import saved_run_config
-
-
-# Fields of the checkpoint's config that must match for a resume to load the weights.
-_SHAPE_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "heads", "seq_len",
-               "vocab_size", "strategy", "lora")
+from ray_ddp.checkpoint.names import RESUME_KEYS
 
 
 @dataclass(frozen=True)
@@ -73,7 +69,7 @@ def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, 
 
 def check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
     saved = saved_run_config(meta)  # what the checkpoint's run trained with
-    for key in _SHAPE_KEYS:
+    for key in RESUME_KEYS:
         if key in saved and saved[key] != getattr(cfg, key):
             raise ConfigError(
                 f"run {cfg.name} was trained with {key}={saved[key]!r} but this command has "

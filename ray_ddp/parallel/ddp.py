@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ray_ddp.checkpoint.load import load_checkpoint
 from ray_ddp.checkpoint.writer import CheckpointWriter
 from ray_ddp.parallel.strategy import Strategy, no_context
 
@@ -28,6 +29,9 @@ class DDPStrategy(Strategy):
         if rank != 0:
             return None  # rank 0 saves the whole state
         return CheckpointWriter(storage.storage_filesystem, storage.build_checkpoint_path_from_name)
+
+    def load_checkpoint(self, directory, model, optimizer, stateful):
+        return load_checkpoint(directory, model, optimizer, stateful)  # the whole model, on every rank
 
 
 def wrap_ddp(model: nn.Module, devices: Sequence[torch.device], find_unused_parameters: bool = False,

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter
+from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter, load_sharded_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.parallel.strategy import Strategy, no_context
 from ray_ddp.parallel.units import shard_units
@@ -34,6 +34,7 @@ class FSDPStrategy(Strategy):
 
     name = "fsdp"
     forward_is_collective = True
+    checkpoint_format = "sharded"
 
     def build_devices(self, devices: Sequence[torch.device]) -> list[torch.device]:
         return [torch.device("cpu")]
@@ -50,6 +51,9 @@ class FSDPStrategy(Strategy):
 
     def checkpoint_writer(self, storage, rank: int) -> ShardedCheckpointWriter:
         return ShardedCheckpointWriter(storage.storage_filesystem, storage.build_checkpoint_path_from_name, rank)
+
+    def load_checkpoint(self, directory, model, optimizer, stateful):
+        return load_sharded_checkpoint(directory, model, optimizer, stateful)  # each rank its own shards
 
 
 def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:

@@ -5,7 +5,7 @@ model). Runs on workers.
 A strategy decides where the model is built, how it is wrapped for the ranks, whether a
 micro-batch's backward reduces gradients, how gradients are zeroed, whether autocast is
 needed, whether a forward is a collective (so every rank runs as many), and who writes
-a checkpoint and how.
+a checkpoint, how, and how it is loaded again.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ class Strategy:
     # whether a forward gathers from every rank (validation then gives each rank as many
     # batches, the shorter parts ending with an empty one)
     forward_is_collective = False
+    # how its checkpoints hold the model: "whole" (rank 0's model.pt) or "sharded" (every
+    # rank's shards); the checkpoint header says which (checkpoint/format.py)
+    checkpoint_format = "whole"
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -58,6 +61,12 @@ class Strategy:
         """This rank's checkpoint writer, or None for a rank that writes nothing."""
         raise NotImplementedError
 
+    def load_checkpoint(self, directory: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+                        stateful: dict[str, Any]):
+        """Load a checkpoint folder of this strategy's format (its files already checked
+        against meta.json) into the model, optimizer and ``stateful``; its TrainState."""
+        raise NotImplementedError
+
     def sync_buffers(self, model: nn.Module, collective_device: torch.device) -> None:
         """Give every rank rank 0's buffers (BatchNorm's running statistics). Each rank's
         forward updates its own from its own rows, so they drift apart within a step; DDP
@@ -78,8 +87,3 @@ class Strategy:
 
 def no_context() -> ContextManager:
     return contextlib.nullcontext()
-
-
-def checkpoint_snapshot_args(parts: Any) -> dict[str, Any]:
-    """What every writer's snapshot takes from the loop's parts."""
-    return {"model": parts.model, "optimizer": parts.optimizer, "stateful": parts.stateful()}
