@@ -69,11 +69,8 @@ class RunPlan:
 
     def planned(self) -> dict[str, Any]:
         """The plan's own values (PLANNED_FIELDS), as a checkpoint stores them."""
-        return {"task": self.task, "input_dim": self.input_dim, "output_dim": self.output_dim,
-                "num_classes": self.num_classes, "global_batch": self.batch.global_batch,
-                "steps_per_epoch": self.steps_per_epoch, "workers": self.workers,
-                "gpus_per_worker": self.gpus_per_worker, "cpus_per_worker": self.cpus_per_worker,
-                "backend": self.backend}
+        return {name: self.batch.global_batch if name == "global_batch" else getattr(self, name)
+                for name in PLANNED_FIELDS}
 
     def run_config(self) -> TrainConfig:
         """The options the run trains with: the user's, with the plan's values in place of

@@ -106,3 +106,19 @@ def test_a_worker_cuts_the_global_batch_for_the_world_size_it_got():
     assert plain.config.global_batch is None and plain.run_config().global_batch == 96
     with pytest.raises(ConfigError, match="--global-batch 3 gives some of the 4 workers no rows"):
         resolve(TrainConfig(workers=4, global_batch=3).validate(), None)
+
+
+def test_a_checkpoint_keeps_the_intent_and_the_plan_apart_and_reads_both():
+    from ray_ddp.checkpoint.format import TrainState, checkpoint_header
+    from ray_ddp.plan import saved_run_config
+
+    plan = resolve(TrainConfig(workers="1-2", batch_size=16, grad_accum=2).validate(), None)
+    # what a worker at world size 1 saves: the user's accumulation, not its cut's (4)
+    assert plan.batch.cut(1).grad_accum == 4
+    header = checkpoint_header(TrainState(1, 10, 0, []), {"config": plan.config.to_dict(), "plan": plan.planned()}, 0)
+    assert (header["config"]["grad_accum"], header["config"]["global_batch"], header["config"]["task"]) == (2, None, None)
+    assert (header["plan"]["global_batch"], header["plan"]["task"]) == (64, "regression")
+    run = saved_run_config(header)
+    assert (run["grad_accum"], run["global_batch"], run["task"], run["workers"]) == (2, 64, "regression", "1-2")
+    older = {"config": {"task": "classification", "global_batch": 32}}  # before the plan was kept apart
+    assert saved_run_config(older) == older["config"]
