@@ -53,14 +53,30 @@ class LoopbackCluster:
              "--ray-client-server-port=48001", *self._common(cpus)], f"{self.home}/head.log")
         self.wait_for_nodes(1)
 
-    def add_node(self, name: str, cpus: int = 1) -> None:
-        """Start a worker node and wait until the cluster counts it."""
-        port = 48301 + len(self.procs)
+    def add_node(self, name: str, cpus: int = 1, attempts: int = 2) -> None:
+        """Start a worker node and wait until the cluster counts it. A node whose raylet
+        did not register within Ray's fixed 30 s (`ray start` then exits: "timed out
+        during startup", seen on a loaded 2-core machine) is started once more, as an
+        autoscaler launches again a node that failed to come up; any other exit fails."""
         alive = self.alive_nodes()
-        self.procs[name] = self.popen(
-            ["ray", "start", f"--address={self.address}", f"--dashboard-agent-listen-port={port}",
-             *self._common(cpus)], f"{self.home}/{name}-{time.time():.0f}.log")
-        self.wait_for_nodes(alive + 1)
+        for attempt in range(attempts):
+            port = 48301 + len(self.procs) + 10 * attempt  # not a late raylet's
+            log = f"{self.home}/{name}-{time.time():.0f}-{attempt}.log"
+            self.procs[name] = self.popen(
+                ["ray", "start", f"--address={self.address}", f"--dashboard-agent-listen-port={port}",
+                 *self._common(cpus)], log)
+            try:
+                self.wait_for_nodes(alive + 1)
+                return
+            except AssertionError:
+                with open(log) as f:
+                    timed_out = "timed out during startup" in f.read()
+                if attempt + 1 == attempts or not timed_out or self.procs[name].poll() is None:
+                    raise
+                try:  # what is left of it (its raylet, should it register late): its whole group
+                    os.killpg(self.procs.pop(name).pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _common(self, cpus: int) -> list[str]:
         return ["--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--temp-dir", self.temp_dir]
