@@ -23,11 +23,12 @@ if TYPE_CHECKING:  # checks take a TrainConfig, which calls them: no import at r
 
 def validate_config(cfg: TrainConfig) -> None:
     """What the options alone decide; ConfigError on the first problem."""
-    for name in ("epochs", "steps_per_epoch", "batch_size", "keep", "checkpoint_every",
-                 "report_every", "input_dim", "output_dim", "width", "depth", "grad_accum",
+    for name in ("epochs", "batch_size", "keep", "checkpoint_every",
+                 "report_every", "width", "depth", "grad_accum",
                  "heads", "seq_len", "vocab_size", "eval_every"):
         _require_positive(name, getattr(cfg, name))
-    for name in ("cpus_per_worker", "num_classes", "global_batch", "early_stop"):
+    for name in ("cpus_per_worker", "num_classes", "global_batch", "early_stop", "steps_per_epoch",
+                 "input_dim", "output_dim"):
         if getattr(cfg, name) is not None:
             _require_positive(name, getattr(cfg, name))
     if isinstance(cfg.workers, int):

@@ -86,10 +86,10 @@ class TrainConfig:
     early_stop: Optional[int] = _opt("stop after this many validations in a row without a lower "
                                      "val_loss (needs validation data); the run then counts as "
                                      "complete", default=None)
-    input_dim: int = _opt("features per synthetic sample (with --data: taken from the columns)",
-                          default=10)
-    output_dim: int = _opt("targets per synthetic sample (with --data: taken from the columns)",
-                           default=5)
+    input_dim: Optional[int] = _opt("features per synthetic sample; default: 10 (with --data: taken "
+                                    "from the columns)", default=None)
+    output_dim: Optional[int] = _opt("targets per synthetic sample; default: 5 (with --data: taken "
+                                     "from the columns)", default=None)
     width: int = _opt("hidden width of the mlp model", default=256)
     depth: int = _opt("hidden layers of the mlp model; transformer blocks of gpt", default=2)
     heads: int = _opt("attention heads of the gpt model", default=4)
@@ -165,8 +165,9 @@ class TrainConfig:
     )
     # --- optimisation ---
     epochs: int = _opt("total epochs (a resumed run trains up to this many)", default=3)
-    steps_per_epoch: int = _opt("optimizer steps per epoch (with --data or --dataset: as many as "
-                                "one pass over the rows takes)", default=20)
+    steps_per_epoch: Optional[int] = _opt("optimizer steps per epoch of synthetic data; default: 20 "
+                                          "(with --data or --dataset: as many as one pass over the "
+                                          "rows takes)", default=None)
     batch_size: int = _opt("samples per micro-batch on EACH worker (what fits in its memory)",
                            default=32)
     global_batch: Optional[int] = _opt(

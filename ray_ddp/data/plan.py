@@ -19,6 +19,11 @@ from ray_ddp.data.text import is_text, text_size
 from ray_ddp.data.user import as_row, check_dataset, collate_items, is_dict_rows, load_user_dataset
 
 
+# Synthetic data's sizes and steps where the config names none (TrainConfig leaves them
+# None: with data they are the data's).
+SYNTHETIC = {"input_dim": 10, "output_dim": 5, "steps_per_epoch": 20}
+
+
 @dataclass(frozen=True)
 class DataShapeConfig:
     """What the data decides: training rows, the model's sizes, the task (and its classes
@@ -67,7 +72,8 @@ def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None)
         if cfg.val_fraction:
             raise ConfigError("--val-fraction splits --data or --dataset rows; synthetic data "
                               "has none to hold out (give --val-data)")
-        shape = DataShapeConfig(0, cfg.input_dim, cfg.output_dim, "regression")
+        shape = DataShapeConfig(0, cfg.input_dim or SYNTHETIC["input_dim"], cfg.output_dim or SYNTHETIC["output_dim"],
+                                "regression")
         synthetic = True
     else:
         synthetic = False
@@ -214,15 +220,15 @@ def global_batch_for(cfg: TrainConfig, max_workers: int) -> int:
 def data_decides(cfg: TrainConfig, shape: Optional[DataShapeConfig], global_batch: int) -> dict[str, Any]:
     """What the data decides: the task, the model's sizes (and classes), and the steps
     per epoch (one pass over the training rows in global batches, whatever the world
-    size); the config's own values where the data is synthetic."""
-    out: dict[str, Any] = dict(task=cfg.task or "regression", input_dim=cfg.input_dim, output_dim=cfg.output_dim,
-                               num_classes=cfg.num_classes, steps_per_epoch=cfg.steps_per_epoch)
+    size); the config's own values (or SYNTHETIC's) where the data is synthetic."""
+    out: dict[str, Any] = dict(task=cfg.task or "regression", num_classes=cfg.num_classes,
+                               **{k: getattr(cfg, k) or v for k, v in SYNTHETIC.items()})
     if shape is None:
         return out
     rows = shape.rows - (shape.val_rows if cfg.val_fraction else 0)
     out["task"] = shape.task
-    if rows:  # training rows from data (not synthetic)
-        out.update(input_dim=shape.input_dim, output_dim=shape.output_dim,
+    if rows:  # training rows from data (not synthetic); dict rows name no sizes
+        out.update(input_dim=shape.input_dim or out["input_dim"], output_dim=shape.output_dim or out["output_dim"],
                    steps_per_epoch=steps_for_rows(rows, global_batch))
     if shape.task == "classification" and shape.num_classes:
         out["num_classes"] = shape.num_classes

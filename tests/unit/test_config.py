@@ -15,9 +15,13 @@ def parse(argv):
 
 
 def test_defaults_are_a_short_toy_run():
+    from ray_ddp.driver.resolve import resolve
+
     cfg = parse([]).validate()
     assert (cfg.model, cfg.workers, cfg.gpus_per_worker, cfg.input_dim, cfg.output_dim) == (
-        "toy", None, None, 10, 5)
+        "toy", None, None, None, None)  # left to the data, or the synthetic data's defaults:
+    plan = resolve(cfg, None)
+    assert (plan.input_dim, plan.output_dim, plan.steps_per_epoch, plan.batch.global_batch) == (10, 5, 20, 32)
     assert (cfg.keep, cfg.checkpoint_every) == (2, 1)
 
 

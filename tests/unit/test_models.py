@@ -6,20 +6,26 @@ import torch
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.builtin import ToyModel, ToyMpModel
+from ray_ddp.driver.resolve import resolve
 from ray_ddp.models.build import build_model, check_model, model_stages
 
 CPU = torch.device("cpu")
 
 
+def run_config(**options) -> TrainConfig:
+    """What models are built from: the run's config, its sizes resolved (synthetic data's)."""
+    return resolve(TrainConfig(**options).validate(), None).run_config()
+
+
 def test_toy_is_the_tutorial_network():
-    model = build_model(TrainConfig(), [CPU])
+    model = build_model(run_config(), [CPU])
     assert isinstance(model, ToyModel)
     assert [tuple(p.shape) for p in model.parameters()] == [(10, 10), (10,), (5, 10), (5,)]
     assert model(torch.randn(20, 10)).shape == (20, 5)
 
 
 def test_toy_mp_has_toy_parameter_names_and_runs_on_one_device():
-    mp = build_model(TrainConfig(model="toy-mp"), [CPU, CPU])
+    mp = build_model(run_config(model="toy-mp"), [CPU, CPU])
     assert isinstance(mp, ToyMpModel)
     assert list(mp.state_dict()) == list(ToyModel().state_dict())
     mp.load_state_dict(ToyModel().state_dict())  # checkpoints are interchangeable
@@ -55,4 +61,4 @@ def test_bad_user_models_are_refused(spec, fragment):
 
 def test_check_model_builds_on_meta_without_memory():
     # A 4096-wide, 8-deep mlp would take ~0.5 GB of real memory; on meta it costs nothing.
-    assert check_model(TrainConfig(model="mlp", width=4096, depth=8)) > 100_000_000
+    assert check_model(run_config(model="mlp", width=4096, depth=8)) > 100_000_000
