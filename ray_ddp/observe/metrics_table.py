@@ -50,49 +50,49 @@ class MetricsAppender:
         the table once they hold as many rows as it does."""
         if self._from_step is None:
             return
-        if self._next_part is None:
-            fs.create_dir(folder.metrics_parts, recursive=True)  # a local disk needs the folder
-            # after the parts there (a restarted controller's callback starts afresh)
-            self._next_part = 1 + max((_part_number(p) for p in _part_paths(fs, folder)), default=-1)
         table = pa.Table.from_pylist(self._rows, schema=SCHEMA)
         table = table.replace_schema_metadata({FROM_STEP: str(self._from_step).encode()})
-        write_table(fs, folder.metrics_part(self._next_part), table)
-        self._next_part += 1
-        self.part_rows += len(self._rows)
+        if self.part_rows + table.num_rows >= self.table_rows:  # folded with the parts, never written as one
+            self.table_rows = fold_metrics(fs, folder, table)
+            self.part_rows, self._next_part = 0, None  # the parts' folder is gone
+        else:
+            if self._next_part is None:
+                fs.create_dir(folder.metrics_parts, recursive=True)  # a local disk needs the folder
+                # after the parts there (a restarted controller's callback starts afresh)
+                self._next_part = 1 + max((_part_number(p) for p in _part_paths(fs, folder)), default=-1)
+            write_table(fs, folder.metrics_part(self._next_part), table)
+            self._next_part += 1
+            self.part_rows += table.num_rows
         self._rows, self._from_step = [], None
-        if self.part_rows >= self.table_rows:
-            folded = fold_metrics(fs, folder)
-            self.table_rows, self.part_rows, self._next_part = folded, 0, None  # the folder is gone
 
 
-def read_metrics(fs: pafs.FileSystem, folder: RunFolder) -> Optional[pa.Table]:
-    """The run's metrics: metrics.parquet with its parts applied in order; None if the
-    run has neither."""
+def read_metrics(fs: pafs.FileSystem, folder: RunFolder, parts: Optional[list[str]] = None,
+                 last: Optional[pa.Table] = None) -> Optional[pa.Table]:
+    """The run's metrics: metrics.parquet with its parts applied in order (``parts``:
+    their paths, if listed already), then ``last`` (a part not written); None if the run
+    has none of them."""
     table = read_table(fs, folder.metrics)
-    for path in _part_paths(fs, folder):
-        part = read_table(fs, path)
-        if part is None:  # folded meanwhile by another command
-            continue
+    later = [read_table(fs, path) for path in (_part_paths(fs, folder) if parts is None else parts)]
+    for part in [p for p in later if p is not None] + ([last] if last is not None else []):  # None: folded meanwhile
         from_step = int((part.schema.metadata or {}).get(FROM_STEP, b"0"))
         part = part.replace_schema_metadata(None)
-        if table is None:
-            table = part
-            continue
-        kept = table.filter(pc.less(table["step"], from_step))
-        table = pa.concat_tables([kept, part], promote_options="permissive")
+        table = part if table is None else pa.concat_tables(
+            [table.filter(pc.less(table["step"], from_step)), part], promote_options="permissive")
     return table
 
 
-def fold_metrics(fs: pafs.FileSystem, folder: RunFolder) -> int:
-    """Write the parts into metrics.parquet and delete them (by the one writer: the
-    callback, or the driver once a fit has ended); the table's rows."""
+def fold_metrics(fs: pafs.FileSystem, folder: RunFolder, last: Optional[pa.Table] = None) -> int:
+    """Write the parts (and ``last``, a part not written) into metrics.parquet and
+    delete them, by the one writer: the callback, or the driver once a fit has ended;
+    the table's rows."""
     parts = _part_paths(fs, folder)
-    if not parts:
+    if not parts and last is None:
         table = read_table(fs, folder.metrics)
         return 0 if table is None else table.num_rows
-    table = read_metrics(fs, folder)
+    table = read_metrics(fs, folder, parts, last)
     write_table(fs, folder.metrics, table)  # atomic: a reader sees the old table or the new
-    fs.delete_dir(folder.metrics_parts)
+    if parts:
+        fs.delete_dir(folder.metrics_parts)
     return table.num_rows
 
 
