@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.run_folder import RunFolder
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ PLANNED_FIELDS = ("task", "input_dim", "output_dim", "num_classes", "global_batc
 class RunPlan:
     """``config``: what the user asked for, as checked (never rewritten); the rest: what
     the data decided (the task, the model's sizes, the steps per epoch) and the cluster
-    (the workers, devices and backend: None before Ray is attached), and the batch plan.
+    (the workers, devices and backend: None before Ray is attached), the batch plan, and
+    the run's folder.
     A resume or a resize resolves again; nothing else derives these."""
 
     config: TrainConfig
@@ -66,6 +68,7 @@ class RunPlan:
     gpus_per_worker: Optional[int] = None
     cpus_per_worker: Optional[int] = None
     backend: Optional[str] = None
+    folder: Optional[RunFolder] = None  # the run's folder in its storage, once it is opened
 
     def planned(self) -> dict[str, Any]:
         """The plan's own values (PLANNED_FIELDS), as a checkpoint stores them."""

@@ -37,7 +37,7 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
     labels (WorkerPlan); ``tracking``: --mlflow's run; ``ray_inputs``: the trainer's Ray
     Datasets, their DataConfig and the workers' RayDataConfig (data/ray_data.py)."""
     cfg = run.run_config()  # the options the run trains with (status.json shows them)
-    run_path = store.run_path(cfg.name)
+    run_path = run.folder.path
     scan = start.scan
     restarts = RestartState()
     policy = RestartPolicyConfig(placement.elastic, cfg.max_failures, cfg.max_preemptions)
@@ -59,7 +59,7 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
                     told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())
                     events.extend(told)
-                    fold_metrics_after_fit(store, run_path)
+                    fold_metrics_after_fit(store, run.folder)
                 break
             except TrainingError as err:
                 if pending and err.failure is not None:  # the watch ended the group: say why
@@ -94,7 +94,7 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
     finally:
         monitor.close()
 
-    table = read_metrics(store.fs, RunFolder(run_path))
+    table = read_metrics(store.fs, run.folder)
     stretches = world_stretches(table) if table is not None and table.num_rows else None
     # the table holds the whole run: its preemptions and resizes, earlier commands' too
     write_status(store, run_path, "complete", cfg, placement, stretches=stretches,
@@ -102,12 +102,12 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
                  if table is not None else merge_events(earlier + events))
 
 
-def fold_metrics_after_fit(store: StorageConfig, run_path: str) -> None:
+def fold_metrics_after_fit(store: StorageConfig, folder: RunFolder) -> None:
     """metrics.parquet with the parts this fit's callback appended. Where the storage
     fails here the parts stay, for the next fit to fold (every reader reads them
     meanwhile): it must not hide how the fit itself ended."""
     try:
-        fold_metrics(store.fs, RunFolder(run_path))
+        fold_metrics(store.fs, folder)
     except (StorageError, OSError):
         pass
 

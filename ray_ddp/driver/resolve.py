@@ -14,12 +14,14 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.data.plan import DataShapeConfig, data_decides, global_batch_for
 from ray_ddp.plan import BatchPlan, RunPlan
+from ray_ddp.storage import StorageConfig
 
 
-def resolve(cfg: TrainConfig, data: Optional[DataShapeConfig],
-            placement: Optional[PlacementConfig] = None) -> RunPlan:
+def resolve(cfg: TrainConfig, data: Optional[DataShapeConfig], placement: Optional[PlacementConfig] = None,
+            store: Optional[StorageConfig] = None) -> RunPlan:
     """The RunPlan of ``cfg`` (checked, never changed here) for its ``data`` (None:
-    synthetic) and ``placement`` (None before Ray: the largest world the flags name, or 1)."""
+    synthetic), ``placement`` (None before Ray: the largest world the flags name, or 1)
+    and its opened ``store`` (None before: no folder yet)."""
     workers = placement.workers if placement is not None else (worker_range(cfg.workers) or (1, 1))[1]
     batch = BatchPlan(global_batch_for(cfg, workers), cfg.batch_size)
     decided = data_decides(cfg, data, batch.global_batch)
@@ -27,7 +29,8 @@ def resolve(cfg: TrainConfig, data: Optional[DataShapeConfig],
         workers=f"{placement.min_workers}-{placement.workers}" if placement.elastic else placement.workers,
         gpus_per_worker=placement.gpus_per_worker, cpus_per_worker=placement.cpus_per_worker,
         backend=placement.backend)
-    return RunPlan(config=cfg, batch=batch, **decided,
+    folder = store.run_folder(cfg.name) if store is not None and cfg.name else None
+    return RunPlan(config=cfg, batch=batch, folder=folder, **decided,
                    **(where or dict(workers=cfg.workers, gpus_per_worker=cfg.gpus_per_worker,
                                     cpus_per_worker=cfg.cpus_per_worker, backend=cfg.backend)))
 

@@ -81,7 +81,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     with attach_ray(cfg.address, cfg.verbose, idle_workers=False,
                     local_cpus=(workers[1] if workers else 0) * (cfg.cpus_per_worker or 1)) as cluster:
         marks["ray"] = time.time()
-        plan, placement = place_workers(cfg, cluster, data_shape, echo)
+        plan, placement = place_workers(cfg, cluster, data_shape, store, echo)
         announce(plan, placement, start, store, echo)
         tracking = open_run_tracking(plan.run_config(), start.run_id, store.uri_of(cfg.name))
         ray_inputs = plan_ray_data(cfg, data_shape, train_data, val_data)  # Ray Datasets go to the trainer
@@ -130,7 +130,7 @@ def open_storage(cfg: TrainConfig) -> StorageConfig:
     return store
 
 
-def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape,
+def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, store: StorageConfig,
                   echo: Callable[[str], None]) -> tuple[RunPlan, PlacementConfig]:
     """Plan the placement on this cluster, check the cluster can ever hold it (waiting for
     an autoscaler if it must), and resolve the run for it: workers, devices, backend, the
@@ -144,7 +144,7 @@ def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape,
     ensure_cluster_fits(placement, cfg.wait_for_resources, echo)
     if placement.elastic:
         refresh_elastic_view()  # start with every worker the cluster holds now
-    return resolve(cfg, data_shape, placement), placement
+    return resolve(cfg, data_shape, placement, store), placement
 
 
 def announce(plan: RunPlan, placement: PlacementConfig, start: StartState, store: StorageConfig,
