@@ -80,7 +80,7 @@ def test_a_rank_waiting_in_a_collective_is_told_by_its_record():
 
 def test_a_real_process_group_records_its_collectives_and_takes_the_shorter_timeout(tmp_path):
     script = textwrap.dedent(f"""
-        import json, sys
+        import json, sys, time
         import torch, torch.distributed as dist
         sys.path.insert(0, {ROOT!r})
         from ray_ddp.worker.collectives import describe_collectives, dump_collectives, shorten_collective_timeout
@@ -89,7 +89,12 @@ def test_a_real_process_group_records_its_collectives_and_takes_the_shorter_time
         dist.all_reduce(torch.ones(2))
         print(shorten_collective_timeout(10))
         dist.barrier()
-        trace = dump_collectives()
+        # gloo marks a collective completed from its own thread, a moment after barrier() returns
+        for _ in range(200):
+            trace = dump_collectives()
+            if str(json.loads(trace)["pg_status"]["0"]["last_completed_collective"]) == "2":
+                break
+            time.sleep(0.05)
         print(describe_collectives(trace))
         print(json.dumps([(e["profiling_name"], e["timeout_ms"]) for e in json.loads(trace)["entries"]]))
         dist.destroy_process_group()
