@@ -213,10 +213,40 @@ def ray_val_batches(table: TableConfig, rank: int, world: int, batch_size: int, 
             yield collate.empty()
 
 
+# Ray Data (2.60) reads parquet footers on a pool of actors it starts for each read_parquet:
+# 32 by default, each a Python process of its own, whatever the number of files: for a
+# small set, most of a run's start-up on a few cores. It reads footers in batches of 10 files.
+FOOTER_READERS_ENV, FILES_PER_FOOTER_READER, MOST_FOOTER_READERS = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", 10, 32
+
+
 def read_parquet_dataset(path: str):
     """``--data PATH --ray-data``: the parquet set as a Ray Dataset (read lazily, in
-    parallel, by Ray Data's tasks)."""
+    parallel, by Ray Data's tasks), with one footer reader per 10 files (at most Ray's 32),
+    unless RAY_DATA_PARQUET_FOOTER_NUM_ACTORS says otherwise."""
+    import os
+
     import ray.data
 
     store = resolve_storage(path)
-    return ray.data.read_parquet(store.path, filesystem=store.fs)
+    if FOOTER_READERS_ENV in os.environ:
+        return ray.data.read_parquet(store.path, filesystem=store.fs)
+    readers = footer_readers_for(count_files(store.fs, store.path))
+    # Ray Data reads the setting when read_parquet() plans the read, in this process
+    os.environ[FOOTER_READERS_ENV] = str(readers)
+    try:
+        return ray.data.read_parquet(store.path, filesystem=store.fs)
+    finally:
+        os.environ.pop(FOOTER_READERS_ENV, None)
+
+
+def footer_readers_for(files: int) -> int:
+    return max(1, min(MOST_FOOTER_READERS, -(-files // FILES_PER_FOOTER_READER)))
+
+
+def count_files(fs, path: str) -> int:
+    import pyarrow.fs as pafs
+
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        return 1
+    return sum(1 for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+               if info.type == pafs.FileType.File)

@@ -80,3 +80,17 @@ def test_every_validation_set_is_a_valbatches_counting_each_row_once(table, give
     if given != "val_object_loader":  # (loader processes: test_loader.py's)
         counted = sum(len(b[1]) for b in val_set.batches(0, 1, 8))
         assert counted == {"val_data": 100, "val_fraction": 20, "val_object": 30}[given]
+
+
+def test_ray_datas_footer_readers_follow_the_number_of_files(tmp_path):
+    from ray_ddp.data.ray_data import count_files, footer_readers_for
+    from ray_ddp.storage import resolve_storage
+
+    (tmp_path / "set" / "part=a").mkdir(parents=True)
+    for name in ("x.parquet", "y.parquet", "part=a/z.parquet"):
+        (tmp_path / "set" / name).write_bytes(b"")
+    store = resolve_storage(str(tmp_path / "set"))
+    assert count_files(store.fs, store.path) == 3
+    assert count_files(store.fs, store.path + "/x.parquet") == 1
+    # one reader per 10 files (Ray Data's footer batch), never none, never above Ray's 32
+    assert [footer_readers_for(n) for n in (0, 1, 10, 11, 95, 320, 10_000)] == [1, 1, 1, 2, 10, 32, 32]
