@@ -24,7 +24,6 @@ import torch.distributed as dist
 from ray_ddp.checkpoint.format import restore_rng
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.data.inputs import build_inputs
-from ray_ddp.errors import UnusedParametersError
 from ray_ddp.config.callables import load_callable
 from ray_ddp.parallel.build import build_strategy
 from ray_ddp.plan import BatchCut, WorkerPlan
@@ -40,7 +39,7 @@ from ray_ddp.worker.parts import TrainParts, build_parts
 from ray_ddp.worker.preemption import PreemptionState, wait_for_restart
 from ray_ddp.worker.profile import ProfileState
 from ray_ddp.worker.report import Reporter
-from ray_ddp.worker.step import train_step
+from ray_ddp.worker.step import train_step, unused_parameters_error
 from ray_ddp.worker.validate import Validator
 from ray_ddp.worker.window import WindowState, window_row
 
@@ -76,10 +75,9 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
     try:
         run.train()
     except RuntimeError as err:
-        if "find_unused_parameters=True" in str(err) and not cfg.find_unused_parameters:
-            raise UnusedParametersError(
-                "the model's forward did not use every parameter, and DDP needs each one's "
-                "gradient for its all-reduce; pass --find-unused-parameters") from None
+        told = unused_parameters_error(err, cfg.find_unused_parameters)
+        if told is not None:
+            raise told from None
         raise
     finally:
         heartbeat.close()

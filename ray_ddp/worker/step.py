@@ -20,6 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ray_ddp.errors import UnusedParametersError
 from ray_ddp.tasks.builtin import Task
 from ray_ddp.tasks.batches import (batch_rows, count_tokens, forward, loss_of, to_device, tree_map,
                                    zero_like_graph)
@@ -97,3 +98,12 @@ def first_row(batch):
     """The first row of every tensor of a (nested) batch, copied where it is (no device
     sync; a view would keep the whole batch alive)."""
     return tree_map(lambda t: t[:1].detach().clone() if isinstance(t, torch.Tensor) and t.dim() else t, batch)
+
+
+def unused_parameters_error(err: RuntimeError, find_unused_parameters: bool) -> UnusedParametersError | None:
+    """DDP's long error for a forward that skipped parameters (raised at the next step's
+    forward, on every rank alike), as the one line that names the flag; None for any other."""
+    if "find_unused_parameters=True" in str(err) and not find_unused_parameters:
+        return UnusedParametersError("the model's forward did not use every parameter, and DDP needs each "
+                                     "one's gradient for its all-reduce; pass --find-unused-parameters")
+    return None

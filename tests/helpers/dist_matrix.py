@@ -3,7 +3,8 @@ test_loss_matrix.py runs on each rank. ``run_on_ranks`` starts the ranks (spawne
 processes on loopback, this folder on their path) and returns what each rank's function
 returned; ``one_step`` is such a function: for each case (a tiny HF model, DDP or FSDP)
 it takes one optimizer step of ray_ddp's train_step (worker/step.py) on this rank's
-share of a global batch, cut into micro-batches, and returns the whole weights after it."""
+share of a global batch, cut into micro-batches, and returns the whole weights after it;
+``two_steps_of_a_forward_that_skips_a_layer`` says what a DDP step makes of such a model."""
 
 from __future__ import annotations
 
@@ -63,9 +64,7 @@ def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches
     gradient)} for this rank's rows [rank * n, (rank + 1) * n) of the global batch, n =
     global_rows / world, in ``micro_batches`` equal parts."""
     from ray_ddp.config.train import TrainConfig
-    from ray_ddp.parallel.build import build_strategy
     from ray_ddp.tasks.build import build_task
-    from ray_ddp.worker.parts import TrainParts
     from ray_ddp.worker.step import train_step
     from ray_ddp.worker.window import WindowState
 
@@ -75,12 +74,7 @@ def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches
     out = {}
     for kind, strategy_name in cases:
         model = tiny(kind)
-        strategy = build_strategy(TrainConfig(strategy=strategy_name))
-        wrapped = strategy.setup_module(model, [cpu])
-        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-        parts = TrainParts(model, wrapped, wrapped, optimizer,
-                           torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
-                           torch.amp.GradScaler("cpu", enabled=False), [cpu], strategy)
+        parts = _parts(model, TrainConfig(strategy=strategy_name))
         x = rows(kind, global_rows)
         count = len(x["labels"])  # ray_ddp's own tasks: one row short, so the cut is uneven
         cut = torch.tensor_split(torch.arange(count), world * micro_batches)
@@ -92,6 +86,50 @@ def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches
         train_step(parts, task, source, WindowState.start(cpu, cpu), 0, 0, micro_batches, 0.0, cpu)
         out[(kind, strategy_name)] = {n: _whole(p) for n, p in model.named_parameters()}
     return out
+
+
+def two_steps_of_a_forward_that_skips_a_layer(rank: int, world: int) -> tuple[str, str]:
+    """ray_ddp's train_step, twice, under DDP, on a model whose forward never uses one of
+    its layers (user_models.UnusedBranch), without --find-unused-parameters and with it:
+    for each, "trained" or the one line the worker loop raises instead of DDP's error."""
+    return tuple(_two_steps_of_unused_branch(rank, flag) for flag in (False, True))
+
+
+def _two_steps_of_unused_branch(rank: int, find_unused_parameters: bool) -> str:
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.tasks.build import build_task
+    from ray_ddp.worker.step import train_step, unused_parameters_error
+    from ray_ddp.worker.window import WindowState
+
+    from user_models import UnusedBranch
+
+    cpu = torch.device("cpu")
+    model = UnusedBranch()
+    parts = _parts(model, TrainConfig(find_unused_parameters=find_unused_parameters))
+    g = torch.Generator().manual_seed(rank)
+    source = _Batches([(torch.randn(4, 10, generator=g), torch.randn(4, 5, generator=g), 4.0)])
+    task = build_task("regression", 8)
+    try:
+        for step in range(2):  # DDP tells of the skipped layer at the next step's forward
+            train_step(parts, task, source, WindowState.start(cpu, cpu), 0, step, 1, 0.0, cpu)
+    except RuntimeError as err:
+        told = unused_parameters_error(err, find_unused_parameters)
+        return str(told) if told is not None else f"DDP's own error: {err}"
+    return "trained"
+
+
+def _parts(model, cfg):
+    """The TrainParts of one worker on the CPU: the model under cfg's strategy, SGD at lr 1
+    (a step is the gradient), no schedule, no loss scaling."""
+    from ray_ddp.parallel.build import build_strategy
+    from ray_ddp.worker.parts import TrainParts
+
+    cpu = torch.device("cpu")
+    strategy = build_strategy(cfg)
+    wrapped = strategy.setup_module(model, [cpu])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    return TrainParts(model, wrapped, wrapped, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                      torch.amp.GradScaler("cpu", enabled=False), [cpu], strategy)
 
 
 class _Batches:
