@@ -15,7 +15,7 @@ import torch
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, STATE_FILE
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.cli.main import main
-from ray_ddp.models.builtin import build_mlp
+from ray_ddp.models.builtin import GPT
 from ray_ddp.checkpoint.sharded import read_model_state
 
 from ._runs import final_hashes, rows_of, run_in_thread, small, summary_of
@@ -28,13 +28,10 @@ pytestmark = pytest.mark.ray
 # a warm-up schedule; a checkpoint every epoch, all kept.
 COMMON = dict(strategy="fsdp", epochs=4, steps_per_epoch=6, grad_accum=2, optimizer="adamw", lr=0.01,
               report_every=3, report_interval=0, keep=4)
-MODELS = {
-    "mlp": dict(model="fsdp_models:slow_mlp"),  # the built-in mlp, leaving its pid
-    # the built-in gpt (tied embedding: the root shards it) on text, in bf16 (FSDP2's
-    # MixedPrecisionPolicy), validated every epoch (FSDP's forward is a collective: every
-    # rank runs as many validation batches)
-    "gpt": dict(model="fsdp_models:slow_gpt", seq_len=16, batch_size=8, val_fraction=0.2, amp="bf16"),
-}
+# the built-in gpt (tied embedding: the root shards it) on text, in bf16 (FSDP2's
+# MixedPrecisionPolicy), validated every epoch (FSDP's forward is a collective: every rank
+# runs as many validation batches), leaving its pid
+GPT_RUN = dict(model="fsdp_models:slow_gpt", seq_len=16, batch_size=8, val_fraction=0.2, amp="bf16")
 
 
 @pytest.fixture(scope="module")
@@ -44,48 +41,40 @@ def text(tmp_path_factory):
     return str(path)
 
 
-def config(storage, name, model, text, **kw):
-    extra = dict(data=text) if model == "gpt" else {}
-    return small(storage, name, **{**COMMON, **MODELS[model], **extra, **kw})
+def config(storage, name, text, **kw):
+    return small(storage, name, **{**COMMON, **GPT_RUN, "data": text, **kw})
 
 
-# The killed run: the gpt, whose sharded checkpoint holds the most (a tied embedding, bf16
-# training, validation); the mlp's uninterrupted run is the reference of the resume and
-# export tests. (Each Ray Train start costs ~15 s of this 2-core machine's CPU, so each
-# run here is one that tests something no other does.)
-KILLED = ("gpt",)
+def plain_gpt():
+    """The bare model of GPT_RUN: no ray_ddp wrapper, no FSDP."""
+    return GPT(vocab_size=256, width=32, depth=2, heads=4, seq_len=16)
 
 
+# Two runs, the gpt's sharded checkpoint holding the most (a tied embedding, bf16
+# training, validation): an uninterrupted one, the reference of the resume and export
+# tests, and one killed mid-run. (Each Ray Train start costs ~15 s of this 2-core
+# machine's CPU, so each run here is one that tests something no other does.)
 @pytest.fixture(scope="module")
 def fsdp_runs(ray_local, storage, text):
-    """For each model an uninterrupted FSDP run, and for each of KILLED one whose rank 1
-    is SIGKILLed in epoch 2 (restarted from the latest sharded checkpoint, --max-failures
-    1). All run at once (2 workers each)."""
-    runs = {}
-    for model in MODELS:
-        runs[model] = run_in_thread(config(storage, f"fsdp-{model}", model, text))
-    for model in KILLED:
-        runs[f"{model}-killed"] = run_in_thread(config(storage, f"fsdp-{model}-killed", model, text,
-                                                       max_failures=1))
-    killed_pids = {}
-    for model in KILLED:
-        name = f"fsdp-{model}-killed"
-        pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name, "1.pid")
-        # past epoch 2's first window: its first checkpoint (epoch 1) is written
-        wait_for(lambda: progress_step(storage / name) >= 9 or "error" in runs[f"{model}-killed"][1],
-                 timeout=300, what=f"{name} in epoch 2")
-        killed_pids[model] = int(open(pid_file).read())
-        os.kill(killed_pids[model], signal.SIGKILL)
-    summaries = {key: summary_of(*value) for key, value in runs.items()}
-    return summaries, killed_pids
+    """The uninterrupted FSDP run, and one whose rank 1 is SIGKILLed in epoch 2 (restarted
+    from the latest sharded checkpoint, --max-failures 1), side by side (2 workers each)."""
+    runs = {"gpt": run_in_thread(config(storage, "fsdp-gpt", text)),
+            "gpt-killed": run_in_thread(config(storage, "fsdp-gpt-killed", text, max_failures=1))}
+    name = "fsdp-gpt-killed"
+    pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name, "1.pid")
+    # past epoch 2's first window: its first checkpoint (epoch 1) is written
+    wait_for(lambda: progress_step(storage / name) >= 9 or "error" in runs["gpt-killed"][1],
+             timeout=300, what=f"{name} in epoch 2")
+    killed_pid = int(open(pid_file).read())
+    os.kill(killed_pid, signal.SIGKILL)
+    return {key: summary_of(*value) for key, value in runs.items()}, killed_pid
 
 
-@pytest.mark.parametrize("model", KILLED)
-def test_a_killed_worker_resumes_from_the_shards_bit_identical(fsdp_runs, model):
-    summaries, killed_pids = fsdp_runs
-    reference, summary = summaries[model], summaries[f"{model}-killed"]
-    pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", f"fsdp-{model}-killed", "1.pid")
-    assert int(open(pid_file).read()) != killed_pids[model], "rank 1 is a new process"
+def test_a_killed_worker_resumes_from_the_shards_bit_identical(fsdp_runs):
+    summaries, killed_pid = fsdp_runs
+    reference, summary = summaries["gpt"], summaries["gpt-killed"]
+    pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", "fsdp-gpt-killed", "1.pid")
+    assert int(open(pid_file).read()) != killed_pid, "rank 1 is a new process"
     assert summary.epochs_completed == 4
     rows, ref_rows = rows_of(summary), rows_of(reference)
     assert {r["loaded_hash"] for r in rows if r.get("loaded_hash") is not None}, "a checkpoint was loaded"
@@ -99,14 +88,14 @@ def epoch_end_hash(rows, step):
 
 
 def test_a_checkpoint_of_2_ranks_resumes_on_1_and_on_3(fsdp_runs, storage, text):
-    reference = fsdp_runs[0]["mlp"]
+    reference = fsdp_runs[0]["gpt"]
     resumed = {}
     for workers in (1, 3):  # side by side, as in the fixture
-        name = f"fsdp-mlp-on-{workers}"
-        shutil.copytree(storage / "fsdp-mlp", storage / name)
+        name = f"fsdp-gpt-on-{workers}"
+        shutil.copytree(storage / "fsdp-gpt", storage / name)
         shutil.rmtree(storage / name / "step-00000024")  # leave step-18 (epoch 3) the newest
         (storage / name / "checkpoint_manager_snapshot.json").unlink()  # Ray's list of the removed
-        resumed[workers] = run_in_thread(config(storage, name, "mlp", text, workers=workers))
+        resumed[workers] = run_in_thread(config(storage, name, text, workers=workers))
     for workers, started in resumed.items():
         summary = summary_of(*started)
         assert summary.resumed_from.endswith("step-00000018") and summary.epochs_completed == 4
@@ -119,26 +108,26 @@ def test_a_checkpoint_of_2_ranks_resumes_on_1_and_on_3(fsdp_runs, storage, text)
 
 
 def test_export_consolidates_the_shards_into_a_plain_model_pt(fsdp_runs, storage, tmp_path, capsys):
-    reference = fsdp_runs[0]["mlp"]
+    reference = fsdp_runs[0]["gpt"]
     rows = rows_of(reference)
-    out = tmp_path / "mlp-12.pt"
-    assert main(["export", "fsdp-mlp", "--storage", str(storage), "--step", "12", "--out", str(out)]) == 0
+    out = tmp_path / "gpt-12.pt"
+    assert main(["export", "fsdp-gpt", "--storage", str(storage), "--step", "12", "--out", str(out)]) == 0
+    plain = plain_gpt()
     assert capsys.readouterr().out.strip() == (
-        f"exported step-00000012 of run fsdp-mlp (consolidated from its shards): 8 tensors, "
-        f"{sum(p.numel() for p in build_mlp(10, 5, 64, 3).parameters()):,} values -> {out}")
-    plain = build_mlp(10, 5, 64, 3)  # the bare model: no ray_ddp, no FSDP
+        f"exported step-00000012 of run fsdp-gpt (consolidated from its shards): {len(plain.state_dict())} "
+        f"tensors, {sum(v.numel() for v in plain.state_dict().values()):,} values -> {out}")
     plain.load_state_dict(torch.load(out, weights_only=True))
     assert weights_hash(plain) == epoch_end_hash(rows, 12)
     # the last checkpoint holds model.pt, gathered at the end: the shards' weights
-    final = torch.load(storage / "fsdp-mlp" / "step-00000024" / MODEL_FILE, weights_only=True)
-    shards = read_model_state(str(storage / "fsdp-mlp" / "step-00000024"))
+    final = torch.load(storage / "fsdp-gpt" / "step-00000024" / MODEL_FILE, weights_only=True)
+    shards = read_model_state(str(storage / "fsdp-gpt" / "step-00000024"))
     assert final.keys() == shards.keys() and all(torch.equal(final[k], shards[k]) for k in final)
     plain.load_state_dict(final)
     assert weights_hash(plain) == epoch_end_hash(rows, 24)
-    assert not (storage / "fsdp-mlp" / "step-00000012" / MODEL_FILE).exists(), "only the last gets one"
+    assert not (storage / "fsdp-gpt" / "step-00000012" / MODEL_FILE).exists(), "only the last gets one"
     # the header both writers write (a DDP checkpoint's: test_train.py)
-    meta = json.loads((storage / "fsdp-mlp" / "step-00000012" / META_FILE).read_text())
-    state = torch.load(storage / "fsdp-mlp" / "step-00000012" / STATE_FILE, weights_only=True)
+    meta = json.loads((storage / "fsdp-gpt" / "step-00000012" / META_FILE).read_text())
+    state = torch.load(storage / "fsdp-gpt" / "step-00000012" / STATE_FILE, weights_only=True)
     assert set(meta) == HEADER | {"time", "files"} and HEADER <= set(state)
     assert (meta["format"], meta["world_size"], meta["step"]) == ("sharded", 2, 12)
     assert all(meta[k] == state[k] for k in HEADER)
