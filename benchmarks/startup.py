@@ -45,6 +45,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _procs import ProcessSampler, busy_cpu_s, ray_name  # noqa: E402
+
 ARMS = ("ray-train", "ray-ddp", "ray-ddp-idle-workers")
 DEFAULT_ARMS = ARMS[:2]
 ARM_ENV = {"ray-ddp-idle-workers": {"RAY_prestart_worker_first_driver": "1"}}
@@ -94,18 +97,6 @@ def arm_command(arm: str, storage: str, first_step_file: str) -> list[str]:
             "--steps-per-epoch", "1", "--storage", storage, "--name", "small", "--quiet", "--json"]
 
 
-def busy_cpu_s() -> float | None:
-    """CPU seconds the whole machine has spent busy since boot (not idle, not waiting on
-    I/O), from /proc/stat; None where there is none."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return None
-    idle = ticks[3] + ticks[4]  # idle, iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 # Ray Train's own actors besides its workers and controller (one of each per run, each a
 # new Python process), and ray-ddp's (the hang watch and its tasks)
 RAY_TRAIN_HELPERS = ("PlacementGroupCleaner", "SynchronizationActor", "DatasetManager",
@@ -120,10 +111,9 @@ def process_kind(title: str, is_command: bool) -> str:
     ``ray::Class`` or ``ray::Class.method``, a task's ``ray::function``)."""
     if is_command:
         return "the command"
-    if not title.startswith("ray::"):
+    name = ray_name(title)
+    if name is None:
         return "Ray's own processes" if "/ray/" in title or "ray." in title else "other"
-    words = title[len("ray::"):].split()
-    name = words[0].split(".")[0] if words else ""
     if name == "RayTrainWorker":
         return "workers"
     if name == "TrainController":
@@ -133,35 +123,6 @@ def process_kind(title: str, is_command: bool) -> str:
     if name in RAY_DDP_ACTORS:
         return "ray-ddp's actors"
     return "Ray's own processes" if name in ("DashboardAgent", "RuntimeEnvAgent", "IDLE") else "other"
-
-
-def process_cpu() -> dict[int, tuple[float, str]]:
-    """Every process's CPU seconds so far and command line, from /proc ({} elsewhere)."""
-    out = {}
-    if not os.path.isdir("/proc"):
-        return out
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline") as f:
-                title = f.read().replace("\0", " ").strip()
-        except OSError:  # it exited meanwhile
-            continue
-        out[int(pid)] = ((int(fields[11]) + int(fields[12])) / tick, title)
-    return out
-
-
-def better_title(kept: str, new: str) -> str:
-    """The title that says what a process is: a Ray worker starts as ``python
-    .../default_worker.py``, may idle as ``ray::IDLE``, becomes ``ray::Class`` and later
-    names its last call (``ray::execute._shutdown_torch``): the first ``ray::`` title
-    other than IDLE is kept."""
-    if not kept:
-        return new
-    named = kept.startswith("ray::") and not kept.startswith("ray::IDLE")
-    return new if not named and new.startswith("ray::") else kept
 
 
 def cpu_by_kind(before: dict, seen: dict, command_pid: int) -> dict[str, float]:
@@ -183,33 +144,19 @@ def median_by_kind(runs: list[dict]) -> dict[str, float] | None:
 
 
 def run_arm(arm: str, env: dict, by_process: bool = False) -> dict:
-    import threading
-
     storage = tempfile.mkdtemp(prefix=f"bench_start_{arm}_")
     first_step_file = os.path.join(storage, "first_step")
-    before = process_cpu() if by_process else {}
-    seen = dict(before)
+    # (the sampling itself costs CPU: "other" in the breakdown, and in CPU s)
+    sampler = ProcessSampler().start() if by_process and os.path.isdir("/proc") else None
     cpu_before = busy_cpu_s()
     launched = time.time()
     proc = subprocess.Popen(arm_command(arm, storage, first_step_file), env={**env, **ARM_ENV.get(arm, {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    done = threading.Event()
-
-    def sample():
-        while not done.wait(0.2):
-            for pid, (cpu, title) in process_cpu().items():
-                seen[pid] = (cpu, better_title(seen.get(pid, (0.0, ""))[1], title))
-
-    # (the sampling itself costs CPU: "other" in the breakdown, and in CPU s)
-    sampler = threading.Thread(target=sample, daemon=True) if before else None
-    if sampler is not None:
-        sampler.start()
     stdout, stderr = proc.communicate()
     wall = time.time() - launched
     cpu = busy_cpu_s() - cpu_before if cpu_before is not None else None
-    done.set()
     if sampler is not None:
-        sampler.join()
+        sampler.stop()
     if proc.returncode != 0:
         shutil.rmtree(storage, ignore_errors=True)
         raise SystemExit(f"{arm} failed (exit {proc.returncode}):\n{stderr[-3000:]}")
@@ -225,7 +172,8 @@ def run_arm(arm: str, env: dict, by_process: bool = False) -> dict:
             first_step = float(f.read())
     shutil.rmtree(storage, ignore_errors=True)
     return {"arm": arm, "first_step_s": first_step - launched, "wall_s": wall, "cpu_s": cpu,
-            "startup_s": startup, "cpu_by_process": cpu_by_kind(before, seen, proc.pid) if before else None}
+            "startup_s": startup,
+            "cpu_by_process": cpu_by_kind(sampler.before, sampler.seen, proc.pid) if sampler else None}
 
 
 def main() -> None:

@@ -252,11 +252,13 @@ def fake_default_job(mod, monkeypatch):
 def fake_suite_time(mod, monkeypatch):
     monkeypatch.setattr(mod, "time_fast_lane", lambda: {"fast_lane_s": 50.0, "fast_lane_summary": "500 passed",
                                                         "fast_lane_exit": 0})
-    monkeypatch.setattr(mod, "time_ci", lambda: {"ci_run_s": 900.0, "ci_exit": 0, "install_s": 150.0,
-                                                 "suite_s": 750.0, "tests": 600, "failed": 0, "skipped": 13,
-                                                 "slowest": [{"test": "tests/x.py::test_y", "s": 60.0}],
-                                                 "failures": []})
-    return lambda out: argv_main(monkeypatch, mod, ["--results-dir", out]), 1
+    monkeypatch.setattr(mod, "time_ci", lambda by_process: {
+        "ci_run_s": 900.0, "ci_exit": 0, "install_s": 150.0, "suite_s": 750.0, "tests": 600, "failed": 0,
+        "skipped": 13, "slowest": [{"test": "tests/x.py::test_y", "s": 60.0}], "failures": [],
+        **({"ci_cpu_s": 1500.0, "ray_train_fits": 47,
+            "cpu_by_process": [{"process": "Ray Train workers", "processes": 113, "cpu_s": 560.0}]}
+           if by_process else {})})
+    return lambda out: argv_main(monkeypatch, mod, ["--by-process", "--results-dir", out]), 1
 
 
 def fake_install_time(mod, monkeypatch):
@@ -289,11 +291,11 @@ FAKES = {name.removeprefix("fake_"): fn for name, fn in dict(globals()).items() 
 def test_every_python_benchmark_is_covered():
     """Each top-level benchmark script writes a result and is exercised here; the helpers
     (the baselines' per-rank workloads) are not benchmarks of their own."""
-    helpers = {"workload", "plain_ray_train", "gpt_workload", "loader_workload", "slow_reads", "_results"}
+    helpers = {"workload", "plain_ray_train", "gpt_workload", "loader_workload", "slow_reads", "_results", "_procs"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - helpers
     assert scripts == set(FAKES)
     assert set(render.BENCHES) == scripts | {"ray_cpu"}
-    for helper in helpers - {"_results"}:
+    for helper in helpers - {"_results", "_procs"}:
         assert "save_result" not in (BENCHMARKS / f"{helper}.py").read_text()
 
 

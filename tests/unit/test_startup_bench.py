@@ -9,7 +9,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "benchmarks"))
 
-from startup import KINDS, better_title, cpu_by_kind, process_kind  # noqa: E402
+from _procs import better_title  # noqa: E402
+from startup import KINDS, cpu_by_kind, process_kind  # noqa: E402
 
 WORKER_START = "/venv/bin/python /venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py --x"
 
@@ -42,3 +43,22 @@ def test_cpu_is_what_each_process_spent_since_the_start():
     kinds = cpu_by_kind(before, seen, command_pid=1)
     assert set(kinds) == set(KINDS)
     assert kinds["the command"] == 2.5 and kinds["workers"] == 5.0 and kinds["controller"] == 0.5
+
+
+def test_the_suites_processes_are_counted_by_kind_and_its_ray_train_runs_by_controller():
+    from suite_time import cpu_by_suite_kind
+
+    spent = {1: (5.0, "ray::RayTrainWorker"), 2: (4.0, "ray::RayTrainWorker"), 3: (3.0, "ray::TrainController"),
+             4: (2.0, "ray::TrainController.run"), 5: (1.5, "ray::SynchronizationActor"),
+             6: (30.0, "/venv/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))"),
+             7: (2.5, "/venv/bin/python -m ray_ddp train --model toy"), 8: (1.0, "ray::FooterReader"),
+             9: (9.0, "/venv/bin/python -m pip install --quiet -e .[test]"),
+             10: (0.5, "/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --a")}
+    by = cpu_by_suite_kind(spent)
+    assert by["ray_train_fits"] == 2
+    rows = {r["process"]: (r["processes"], r["cpu_s"]) for r in by["cpu_by_process"]}
+    assert rows == {"pytest (and the runs it drives in-process)": (1, 30.0), "Ray Train workers": (2, 9.0),
+                    "the install": (1, 9.0), "Ray Train controllers": (2, 5.0), "ray-ddp commands": (1, 2.5),
+                    "Ray Train's helper actors": (1, 1.5), "other Ray actors and tasks": (1, 1.0),
+                    "Ray's own processes": (1, 0.5)}
+    assert by["cpu_by_process"][0]["process"].startswith("pytest")  # largest first
