@@ -95,7 +95,8 @@ def suite_kind(title: str) -> str:
         return SUITE_KINDS.get(kind, kind)
     if ray_name(title) is not None:
         return "other Ray actors and tasks"
-    if "pytest" in title or "exec(eval(sys.stdin.readline()))" in title:  # pytest-xdist's workers
+    # (not any title naming "pytest": a command the tests start names its pytest-of-* folders)
+    if " -m pytest" in title or "exec(eval(sys.stdin.readline()))" in title:  # pytest-xdist's workers
         return "pytest (and the runs it drives in-process)"
     if " pip " in title or "compileall" in title:
         return "the install"

@@ -51,13 +51,14 @@ def test_the_suites_processes_are_counted_by_kind_and_its_ray_train_runs_by_cont
     spent = {1: (5.0, "ray::RayTrainWorker"), 2: (4.0, "ray::RayTrainWorker"), 3: (3.0, "ray::TrainController"),
              4: (2.0, "ray::TrainController.run"), 5: (1.5, "ray::SynchronizationActor"),
              6: (30.0, "/venv/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))"),
-             7: (2.5, "/venv/bin/python -m ray_ddp train --model toy"), 8: (1.0, "ray::FooterReader"),
+             7: (2.5, "/venv/bin/python -m ray_ddp train --storage /tmp/pytest-of-root/pytest-3/runs0"),
+             8: (1.0, "ray::FooterReader"), 11: (0.5, "/venv/bin/python -m pytest -q"),
              9: (9.0, "/venv/bin/python -m pip install --quiet -e .[test]"),
              10: (0.5, "/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --a")}
     by = cpu_by_suite_kind(spent)
     assert by["ray_train_fits"] == 2
     rows = {r["process"]: (r["processes"], r["cpu_s"]) for r in by["cpu_by_process"]}
-    assert rows == {"pytest (and the runs it drives in-process)": (1, 30.0), "Ray Train workers": (2, 9.0),
+    assert rows == {"pytest (and the runs it drives in-process)": (2, 30.5), "Ray Train workers": (2, 9.0),
                     "the install": (1, 9.0), "Ray Train controllers": (2, 5.0), "ray-ddp commands": (1, 2.5),
                     "Ray Train's helper actors": (1, 1.5), "other Ray actors and tasks": (1, 1.0),
                     "Ray's own processes": (1, 0.5)}
