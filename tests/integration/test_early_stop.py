@@ -45,6 +45,7 @@ def test_early_stop_ends_the_run_says_so_and_a_rerun_is_complete(ray_local, stor
     assert written["early_stopped"] is True and written["early_stop_epoch"] == 3
     evals = pq.read_table(f"{summary.path}/eval.parquet").to_pylist()
     assert [r["epoch"] for r in evals] == [1, 2, 3] and len({r["loss"] for r in evals}) == 1
+    assert {r["samples"] for r in evals} == {80}  # --val-fraction 0.2: the held-out 80 of 400 rows
     rows = rows_of(summary)
     assert {r["early_stopped"] for r in rows if r["step"] == 30} == {True}  # every rank's row
     assert {r["early_stopped"] for r in rows if r["step"] in (10, 20)} == {False}

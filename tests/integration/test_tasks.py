@@ -35,50 +35,47 @@ def model_weights(summary):
     return torch.load(f"{summary.checkpoint}/model.pt", weights_only=True)
 
 
-def test_classifier_learns_validates_and_follows_its_schedule(ray_local, storage, classes):
-    # (that 2 workers x 64 rows x 2 accumulation steps learn what 1 x 256 learns, the
+def test_classifier_learns_follows_its_schedule_validates_every_row_once_on_3_workers_and_keeps_the_best(
+        ray_local, storage, classes, tmp_path):
+    # (that 3 workers x 64 rows x 2 accumulation steps learn what 1 x 384 learns, the
     # cross-entropy being the exact mean over the global batch however it is cut, is
     # test_loss_matrix.py's, against one plain process)
-    two = run(small(storage, "cls-2x64x2", workers=2, batch_size=64, grad_accum=2, data=classes, model="mlp",
-                    width=32, depth=1, epochs=2, optimizer="adamw", lr=0.05, val_fraction=0.2, warmup_steps=4,
-                    schedule="cosine", report_every=1))
-    assert two.task == "classification" and two.steps == 2 * 10  # 2400 training rows / 256
-    assert two.val_accuracy > 0.75, two.val_accuracy  # 4 classes: chance is 0.25
-    evals = pq.read_table(f"{two.path}/eval.parquet").to_pylist()
-    assert [(r["epoch"], r["samples"]) for r in evals] == [(1, 600), (2, 600)]  # the held-out 20%
-    assert evals[-1]["loss"] == two.val_loss and evals[-1]["accuracy"] == two.val_accuracy
-    rows = rows_of(two)
-    assert all(0 <= r["accuracy"] <= 1 for r in rows)  # every training window too
-    assert rows[0]["samples"] == 64 * 2  # per rank per step: batch x accumulation
-    # the LR after a step, worked out by hand: linear warm-up to 0.05 over 4 steps (the
-    # first step runs at 1/4 of it), then cosine from 0.05 at step 4 to 0 at step 20
-    want = {1: 0.025, 2: 0.0375, 3: 0.05, 4: 0.05, 12: 0.025, 20: 0.0}
-    got = {r["step"]: r["lr"] for r in rows if r["rank"] == 0 and r["step"] in want}
-    assert got == pytest.approx(want, abs=1e-9)
-
-
-def test_validation_counts_every_row_once_on_3_workers_and_keeps_the_best(ray_local, storage, classes,
-                                                                           tmp_path):
-    # 100 validation rows (not a multiple of 3) whose labels are shuffled: as training fits
-    # the training rows, validation gets worse, so the best checkpoint is an early one
+    # Validated on 100 of the rows (not a multiple of 3) whose labels are shuffled: as
+    # training fits the training rows, validation gets worse, so the best checkpoint is
+    # an early one
     table = pq.read_table(classes).slice(0, 100)
     g = torch.Generator().manual_seed(5)
     shuffled = torch.tensor(table.column("t0").to_pylist())[torch.randperm(100, generator=g)]
     val = tmp_path / "val.parquet"
     pq.write_table(table.set_column(table.schema.get_field_index("t0"), "t0", pa.array(shuffled.numpy())), val)
 
-    summary = run(small(storage, "val-3", data=classes, val_data=str(val), workers=3, model="mlp",
-                        width=32, depth=1, batch_size=100, optimizer="adamw", lr=0.01, keep=1,
-                        keep_best=True, warmup_steps=0))
+    summary = run(small(storage, "cls-3x64x2", workers=3, batch_size=64, grad_accum=2, data=classes,
+                        val_data=str(val), model="mlp", width=32, depth=1, epochs=2, optimizer="adamw", lr=0.05,
+                        warmup_steps=4, schedule="cosine", report_every=1, keep=1, keep_best=True))
+    # 3000 rows a step of 3 x 64 x 2 = 384: 7 whole steps and one of the 312 left, an epoch
+    assert summary.task == "classification" and summary.steps == 2 * 8
+    rows = rows_of(summary)
+    assert all(0 <= r["accuracy"] <= 1 for r in rows)  # every training window's figure
+    last = [r for r in rows if r["step"] == 15]  # the last whole step: it learns (chance is 0.25)
+    assert sum(r["accuracy"] * r["samples"] for r in last) / sum(r["samples"] for r in last) > 0.75, last
+    assert rows[0]["samples"] == 64 * 2  # per rank per step: batch x accumulation
+    # the LR after a step, worked out by hand: linear warm-up to 0.05 over 4 steps (the
+    # first step runs at 1/4 of it), then cosine from 0.05 at step 4 to 0 at step 16
+    want = {1: 0.025, 2: 0.0375, 3: 0.05, 4: 0.05, 10: 0.025, 16: 0.0}
+    got = {r["step"]: r["lr"] for r in rows if r["rank"] == 0 and r["step"] in want}
+    assert got == pytest.approx(want, abs=1e-9)
+
     evals = pq.read_table(f"{summary.path}/eval.parquet").to_pylist()
-    assert [r["samples"] for r in evals] == [100, 100, 100]
-    # the figure is the exact mean over the 100 rows: the final model, on the driver
+    assert [(r["epoch"], r["samples"]) for r in evals] == [(1, 100), (2, 100)]  # each row once, over 3 ranks
+    assert evals[-1]["loss"] == summary.val_loss and evals[-1]["accuracy"] == summary.val_accuracy
+    # the figures are the exact mean over the 100 rows: the final model, on the driver
     model = build_mlp(8, 4, 32, 1)
     model.load_state_dict(model_weights(summary))
     x = torch.stack([torch.tensor(table.column(f"f{i}").to_pylist()) for i in range(8)], dim=1).float()
     with torch.no_grad():
-        want = torch.nn.functional.cross_entropy(model(x), shuffled).item()
-    assert abs(evals[-1]["loss"] - want) < 1e-5
+        logits = model(x)
+    assert abs(evals[-1]["loss"] - torch.nn.functional.cross_entropy(logits, shuffled).item()) < 1e-5
+    assert abs(evals[-1]["accuracy"] - (logits.argmax(1) == shuffled).float().mean().item()) < 1e-6
     # --keep 1 --keep-best: the newest, and the one with the lowest validation loss
     best = min(evals, key=lambda r: r["loss"])["step"]
     kept = sorted(p for p in os.listdir(summary.path) if p.startswith("step-"))
