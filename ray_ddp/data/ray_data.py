@@ -19,8 +19,11 @@ What holds, as Ray Data gives it (docs/data.md#ray-data):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
+
+import pyarrow.fs as pafs
 
 from ray_ddp.data.table_stats import TableConfig, column_width, pick_columns
 from ray_ddp.errors import ConfigError
@@ -223,8 +226,6 @@ def read_parquet_dataset(path: str):
     """``--data PATH --ray-data``: the parquet set as a Ray Dataset (read lazily, in
     parallel, by Ray Data's tasks), with one footer reader per 10 files (at most Ray's 32),
     unless RAY_DATA_PARQUET_FOOTER_NUM_ACTORS says otherwise."""
-    import os
-
     import ray.data
 
     store = resolve_storage(path)
@@ -244,8 +245,6 @@ def footer_readers_for(files: int) -> int:
 
 
 def count_files(fs, path: str) -> int:
-    import pyarrow.fs as pafs
-
     if fs.get_file_info(path).type == pafs.FileType.File:
         return 1
     return sum(1 for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
