@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 from ray_ddp.config.train import TrainConfig
@@ -23,12 +24,10 @@ FSDP_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[str, Any]:
     """The one place that sets workers' environment: a user model, dataset, loss or
-    collate function (``package.module:callable``, or an object the Python API passed,
-    which cloudpickle ships by reference to its module) must import on the workers as it
-    did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV); under
+    collate function (``package.module:callable``, or an object the Python API passed:
+    object_modules) must import on the workers as it did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV); under
     --hang-timeout, PyTorch's flight recorder records (flight_recorder_env)."""
-    modules = user_modules(cfg) + [_module_of(obj) for obj in objects]
-    modules = [m for m in modules if m]
+    modules = user_modules(cfg) + [m for obj in objects for m in object_modules(obj)]
     env = importable_env(*modules) if modules else {}
     extra = flight_recorder_env(cfg.name, cfg.hang_timeout)
     if cfg.strategy == "fsdp" and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
@@ -68,12 +67,56 @@ def user_module_paths(cfg: TrainConfig) -> list[str]:
     return [p for p in env.get("env_vars", {}).get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
-def _module_of(obj: Any) -> str:
-    """The module an object (or, for an instance, its class) was defined in."""
-    while isinstance(obj, functools.partial):
-        obj = obj.func
-    module = getattr(obj, "__module__", None) if callable(obj) else type(obj).__module__
-    return module if module and module != "builtins" else ""
+def object_modules(obj: Any, depth: int = 2) -> list[str]:
+    """The modules a worker must import to unpickle ``obj``: where it (or, for an
+    instance, its class) was defined, and where its base classes were. A class or
+    function cloudpickle ships by value (one defined in a notebook, a script's
+    ``__main__`` or a function's body) still refers to what it names by module, so for a
+    function the modules of the functions, classes and modules it names as globals or
+    holds in its closure count too (``depth`` levels down): a notebook's subclass of the
+    user's own ``mymodels.Base``, or a wrapper that calls ``mytrain.train``, needs
+    ``mymodels`` or ``mytrain`` on the workers' path as it is here."""
+    found: dict[str, None] = {}
+    _collect_modules(obj, depth, found, set())
+    return list(found)
+
+
+def _collect_modules(obj: Any, depth: int, found: dict[str, None], seen: set[int]) -> None:
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, functools.partial):
+        for part in (obj.func, *obj.args, *obj.keywords.values()):
+            _collect_modules(part, depth, found, seen)
+        return
+    if isinstance(obj, types.ModuleType):
+        found.setdefault(obj.__name__)
+        return
+    cls = obj if isinstance(obj, type) else None if callable(obj) and hasattr(obj, "__code__") else type(obj)
+    if cls is not None:
+        for base in cls.__mro__:
+            if base.__module__ != "builtins":
+                found.setdefault(base.__module__)
+        return
+    if not isinstance(obj, types.FunctionType):
+        return
+    if obj.__module__ and obj.__module__ != "builtins":
+        found.setdefault(obj.__module__)
+    if depth <= 0:
+        return
+    named = [obj.__globals__[n] for n in obj.__code__.co_names if n in obj.__globals__]
+    held = [cell.cell_contents for cell in obj.__closure__ or () if _filled(cell)]
+    for value in [*named, *held, *(v for v in held if isinstance(v, (tuple, list)) for v in v)]:
+        if isinstance(value, (type, types.FunctionType, types.ModuleType, functools.partial)):
+            _collect_modules(value, depth - 1, found, seen)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not assigned yet
+        return False
+    return True
 
 
 # Ray Train's controller polls the workers (their status, their reports) every 2 s by
@@ -118,7 +161,12 @@ def importable_env(*module_names: str) -> dict[str, Any]:
     job's working_dir is there already; on a multi-node cluster the folder must exist on
     every node, as a shared filesystem or the job's working_dir provides."""
     import importlib
+    import sysconfig
 
+    # what this interpreter has by installation, the workers' has too (Ray runs them in
+    # the same environment): only the user's own folders need to go on their path
+    installed = {os.path.realpath(path) for key, path in sysconfig.get_paths().items()
+                 if key in ("stdlib", "platstdlib", "purelib", "platlib")}
     roots = []
     for module_name in module_names:
         top = module_name.split(".")[0]
@@ -130,7 +178,8 @@ def importable_env(*module_names: str) -> dict[str, Any]:
         root = os.path.dirname(os.path.abspath(origin))
         if os.path.basename(origin) == "__init__.py":
             root = os.path.dirname(root)  # a package: its parent folder goes on the path
-        roots.append(root)
+        if os.path.realpath(root) not in installed:
+            roots.append(root)
     if not roots:
         return {}
     paths = roots + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -19,7 +19,7 @@ from ray_ddp.launch.env import plan_node_env
 from ray_ddp.errors import ProcessFailed
 from ray_ddp.cluster.attach import attach_ray
 from ray_ddp.cluster.preflight import describe_need, ensure_cluster_fits
-from ray_ddp.cluster.runtime_env import importable_env
+from ray_ddp.cluster.runtime_env import importable_env, object_modules
 
 
 DEFAULT_WAIT_S = 900.0  # as `ray-ddp train --wait-for-resources`
@@ -206,7 +206,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, gpus_per_pr
     return run_with_restarts(placement, address, max_failures, wait_for_resources,
                               lambda group: join_processes([a.call.remote(fn, rank, tuple(args))
                                                    for rank, a in enumerate(group.actors)]),
-                              runtime_env=importable_env(fn.__module__))
+                              runtime_env=importable_env(*object_modules(fn), *(m for a in args for m in object_modules(a))))
 
 
 def plan_processes(nprocs: int, gpus_per_process: int) -> PlacementConfig:
