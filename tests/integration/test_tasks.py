@@ -1,11 +1,10 @@
-"""Real tasks on real Ray: a classifier with validation and an LR schedule, a user's model with dict inputs
-and BatchNorm, a language model on real text, the Python API with objects defined only
-in the calling script, and models whose forward skips parameters (what the step makes of
-one without the flag: ray_ddp's own step in plain gloo process groups, no Ray)."""
+"""Real tasks on real Ray: a classifier with validation and an LR schedule, a language
+model on real text, and models whose forward skips parameters (what the step makes of one
+without the flag: ray_ddp's own step in plain gloo process groups, no Ray; with the flag,
+test_trust.py's run of the Python API's objects defined only in the calling code)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
@@ -116,48 +115,10 @@ def test_gpt_on_real_text_beats_a_byte_frequency_model(ray_local, storage, text)
     assert summary.tokens_per_s > 0 and summary.mfu is None  # no GPU here: no peak to divide by
 
 
-def test_the_python_api_trains_objects_defined_only_in_the_calling_code(ray_local, storage):
-    # Defined inside this function, as in a notebook or a script's __main__: no worker can
-    # import them, so Ray must ship them by value (cloudpickle) for the run to work.
-    from torch import nn
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
-            self.spare_head = nn.Linear(6, 3)  # never used: needs --find-unused-parameters
-
-        def forward(self, x):
-            return self.body(x)
-
-    class Blobs(torch.utils.data.Dataset):
-        def __init__(self, n, seed):
-            g = torch.Generator().manual_seed(seed)
-            self.y = torch.randint(3, (n,), generator=g)
-            self.x = torch.randn(n, 6, generator=g) + 2.0 * nn.functional.one_hot(self.y, 6)
-
-        def __len__(self):
-            return len(self.y)
-
-        def __getitem__(self, i):
-            return self.x[i], self.y[i]
-
-    def label_smoothing_loss(output, target):
-        return nn.functional.cross_entropy(output, target, label_smoothing=0.05)
-
-    summary = run(small(storage, "api-objects", batch_size=32, lr=0.05, warmup_steps=0,
-                        find_unused_parameters=True),
-                  model=Net, train_data=Blobs(600, 0), val_data=Blobs(200, 1), loss=label_smoothing_loss)
-    assert summary.task == "classification" and summary.epochs_completed == 3
-    assert summary.val_accuracy > 0.8, summary
-    status = json.loads((storage / "api-objects" / "status.json").read_text())
-    assert status["model"] == "python:Net"
-
-
 def test_a_forward_that_skips_parameters_is_one_line_pointing_to_the_flag():
     # ray_ddp's own step on 2 gloo ranks, no Ray: the worker loop raises this line (a
     # worker's error reaching the driver as one line is the NaN run's, test_recovery.py);
-    # with the flag such a model trains (and on Ray: the Python API test's Net above)
+    # with the flag such a model trains (and on Ray: test_trust.py's SpareHeadNet)
     from dist_matrix import run_on_ranks, two_steps_of_a_forward_that_skips_a_layer
 
     told = run_on_ranks(2, two_steps_of_a_forward_that_skips_a_layer)

@@ -1,7 +1,8 @@
 """Runs that used to train the wrong thing without a word: a (N,) target, a rank with no
 rows in the last step (and accumulation's micro-batches with none), the Python API's
-val_data= with keep_best, a frozen BatchNorm. (BatchNorm statistics that differ per rank:
-test_recovery's BatchNorm run.)"""
+val_data= with keep_best, a frozen BatchNorm; the Python API's objects defined only in the
+calling code (a model, datasets, a loss); a lost worker, elastic and fixed. (BatchNorm
+statistics that differ per rank: test_recovery's BatchNorm run.)"""
 
 from __future__ import annotations
 
@@ -18,24 +19,45 @@ from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.observe.report import write_report
 from ray_ddp.observe.runs import list_runs
 
-from ._runs import rows_of
+from ._runs import final_hashes, rows_of
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
 def sklearn_style_run(ray_local, storage):
-    """1,281 numpy rows on 2 workers x 32 x 2 accumulation steps: the last step of each
-    epoch has one row, so rank 0's second micro-batch and both of rank 1's are empty;
-    validation from val_data= with keep_best."""
+    """1,281 numpy rows on 2 workers x 32 x 2 accumulation steps in bf16: the last step of
+    each epoch has one row, so rank 0's second micro-batch and both of rank 1's are empty;
+    validation from val_data= with keep_best. The model and the data are classes defined
+    here, as in a notebook or a script's __main__: no worker can import them, so Ray must
+    ship them by value (cloudpickle) for the run to work; the model's spare head is never
+    used, so the run needs --find-unused-parameters."""
+    from torch import nn
     from user_data import NumpyRegression
-    from user_models import frozen_stats_net
+    from user_models import FrozenStatsNet
 
-    cfg = TrainConfig(workers=2, epochs=10, batch_size=32, grad_accum=2, optimizer="adamw", lr=3e-3,
-                      report_every=10, keep_best=True, storage=str(storage), name="sklearn-style",
-                      quiet=True)
-    return run(cfg, model=frozen_stats_net, train_data=NumpyRegression(1281),
-               val_data=NumpyRegression(200, seed=1))
+    class SpareHeadNet(FrozenStatsNet):
+        def __init__(self):
+            super().__init__()
+            self.spare_head = nn.Linear(6, 1)  # never used in forward
+
+    class Rows(NumpyRegression):
+        pass
+
+    cfg = TrainConfig(workers=2, epochs=10, batch_size=32, grad_accum=2, amp="bf16", optimizer="adamw", lr=3e-3,
+                      report_every=10, keep_best=True, find_unused_parameters=True, storage=str(storage),
+                      name="sklearn-style", quiet=True)
+    return run(cfg, model=SpareHeadNet, train_data=Rows(1281), val_data=Rows(200, seed=1))
+
+
+def test_objects_defined_only_in_the_calling_code_train_in_bf16_in_step(sklearn_style_run, storage):
+    assert sklearn_style_run.epochs_completed == 10
+    rows = rows_of(sklearn_style_run)
+    assert len(set(final_hashes(rows).values())) == 1  # bf16 steps kept the ranks in sync
+    losses = [r["loss"] for r in rows if r["rank"] == 0]
+    assert all(math.isfinite(l) for l in losses) and losses[-1] < losses[0]
+    status = json.loads((storage / "sklearn-style" / "status.json").read_text())
+    assert status["model"] == "python:SpareHeadNet"
 
 
 def test_a_target_of_shape_n_trains_the_regression_not_a_broadcast(sklearn_style_run):
@@ -82,11 +104,17 @@ def test_a_target_that_cannot_pair_with_the_output_is_one_line_before_ray(tmp_pa
 def test_an_elastic_run_survives_a_lost_worker_without_max_failures(ray_local, storage, tmp_path):
     from user_models import dies_on_rank_one
 
+    def offset_mse(output, target):  # a loss object defined here: shipped by value, as the model
+        return torch.nn.functional.mse_loss(output, target) + 100.0
+
     lines: list[str] = []
     summary = run(TrainConfig(workers="1-2", epochs=3, steps_per_epoch=10, batch_size=16, report_every=5,
                               storage=str(storage), name="elastic-lost-worker", quiet=True),
-                  echo=lines.append, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 15))
+                  echo=lines.append, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 15),
+                  loss=offset_mse)
     assert summary.epochs_completed == 3 and summary.steps == 30
+    # every window's loss is the user's: the toy's mean squared error is far below 100
+    assert all(100 < r["loss"] < 110 for r in rows_of(summary))
     restart = [line for line in lines if "restarting from" in line]
     assert len(restart) == 1, lines
     assert re.search(r"^rank 1 on node 127\.0\.0\.1 was lost \(its process \d+ died\)( at step 1\d)?; "

@@ -40,6 +40,24 @@ def test_an_integer_label_makes_a_classifier_and_its_classes(sets):
     assert plan.run_config().steps_per_epoch == 7
 
 
+@pytest.mark.parametrize("label, task", [(lambda i: torch.tensor(i % 3), "classification"),
+                                         (lambda i: i % 3, "classification"),
+                                         (lambda i: torch.tensor([0.5 * i]), "regression"),
+                                         (lambda i: torch.arange(4) + i, "lm")])
+def test_a_python_datasets_first_label_decides_the_task(label, task):
+    # a user's own Dataset object (the Python API): one integer a row is a class label,
+    # floats a regression target, a sequence of integers a language model's tokens
+    class Items(torch.utils.data.Dataset):
+        def __len__(self):
+            return 9
+
+        def __getitem__(self, i):
+            return torch.randn(6), label(i)
+
+    shape = inspect_data(TrainConfig(model="user:net"), train_data=Items())
+    assert (shape.task, shape.rows, shape.input_dim) == (task, 9, 6)
+
+
 def test_token_sequences_and_text_make_a_language_model(sets):
     shape = inspect_data(TrainConfig(data=str(sets / "lm"), model="gpt", seq_len=16))
     assert (shape.task, shape.rows, shape.num_classes) == ("lm", 40, shape.num_classes)
