@@ -1,15 +1,26 @@
 """A run on s3:// against a real S3 API server on loopback (moto's standalone server,
-started here): it trains, resumes, is listed, exported and reported, and every location
-it prints or records is a URI that opens (the storage's query kept after the path)."""
+started here), and --early-stop on it: one story. A run whose validation loss never gets
+lower stops after N validations without a lower one, checkpoints that epoch (whatever
+--checkpoint-every says), says so on the driver, in summary.json and in metrics.parquet,
+and counts as complete on a rerun; a rerun with a larger --early-stop resumes and counts
+on from the validations so far (the count survives the resume). The run is then listed,
+exported and reported, and every location it prints or records is a URI that opens (the
+storage's query kept after the path). (Each Ray Train start costs ~15 s of a 2-core
+machine's CPU: the S3 claims and the early stop's ride on the same two runs.)"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from ray_ddp import run
 from ray_ddp.cli.main import main
+from ray_ddp.data.synth_files import write_synthetic
 from ray_ddp.observe.report import write_report
 from ray_ddp.observe.runs import list_runs
 
@@ -31,22 +42,77 @@ def opens(uri: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
-def test_a_run_on_s3_trains_resumes_lists_exports_and_reports(ray_local, s3_storage, tmp_path, capsys):
+def in_run(run_uri: str, name: str = "") -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of ``name`` in a run folder given as a URI with a query."""
+    base, query = run_uri.split("?")
+    return pafs.FileSystem.from_uri(f"{base}/{name}?{query}" if name else run_uri)
+
+
+def read_rows(run_uri: str, name: str = "") -> list[dict]:
+    fs, path = in_run(run_uri, name)
+    return pq.read_table(path, filesystem=fs).to_pylist()
+
+
+def test_a_run_on_s3_stops_early_is_complete_resumes_and_is_listed_exported_and_reported(
+        ray_local, s3_storage, tmp_path, capsys):
     base, query = s3_storage.split("?")
-    first = run(small(s3_storage, "s3run", epochs=1))
-    assert first.checkpoint == f"{base}/s3run/step-00000010?{query}" and opens(first.checkpoint)
-    assert first.path == f"{base}/s3run?{query}" and first.metrics == f"{base}/s3run/metrics.parquet?{query}"
-    assert opens(first.metrics)
-    second = run(small(s3_storage, "s3run", epochs=2))  # the same command, one more epoch: resumes
-    assert second.resumed_from == first.checkpoint and second.epochs_completed == 2 and second.steps == 20
-    [listing] = [r for r in list_runs(s3_storage) if r.name == "s3run"]
-    assert (listing.state, listing.checkpoint, listing.epochs_done) == ("complete", "step-00000020", 2)
+    data = tmp_path / "reg"
+    # 400 rows, 80 held out: 320 / (2 workers x 16) = 10 steps an epoch
+    write_synthetic(str(data), rows=400, features=10, targets=5, seed=3)
+    # lr 1e-30: every update is below a float32 weight's last bit, so the weights, and so
+    # val_loss, stay exactly as they were: every validation after the first is no lower
+    cfg = small(s3_storage, "early-stop", data=str(data), val_fraction=0.2, epochs=10, lr=1e-30,
+                early_stop=2, checkpoint_every=4, quiet=False)
+    lines: list[str] = []
+    summary = run(cfg, echo=lines.append)
+
+    assert summary.path == f"{base}/early-stop?{query}"
+    assert summary.checkpoint == f"{base}/early-stop/step-00000030?{query}" and opens(summary.checkpoint)
+    assert summary.metrics == f"{base}/early-stop/metrics.parquet?{query}" and opens(summary.metrics)
+    assert (summary.epochs_completed, summary.steps) == (3, 30)
+    assert summary.early_stopped and summary.early_stop_epoch == 3  # forced: --checkpoint-every 4
+    fs, folder = in_run(summary.path)
+    steps = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(folder)) if i.base_name.startswith("step-"))
+    assert steps == ["step-00000030"]
+    said = [line for line in lines if line.startswith("early stop:")]
+    assert len(said) == 1, lines
+    assert said[0].startswith(f"early stop: val_loss {summary.val_loss:.4f} has not improved for 2 validations "
+                              f"(best {summary.val_loss:.4f} at epoch 1); stopped after epoch 3 of 10"), said
+    fs, path = in_run(summary.path, "summary.json")
+    with fs.open_input_file(path) as f:
+        written = json.loads(f.read())
+    assert written["early_stopped"] is True and written["early_stop_epoch"] == 3
+    evals = read_rows(summary.path, "eval.parquet")
+    assert [r["epoch"] for r in evals] == [1, 2, 3] and len({r["loss"] for r in evals}) == 1
+    assert {r["samples"] for r in evals} == {80}  # --val-fraction 0.2: the held-out 80 of 400 rows
+    rows = read_rows(summary.metrics)
+    assert {r["early_stopped"] for r in rows if r["step"] == 30} == {True}  # every rank's row
+    assert {r["early_stopped"] for r in rows if r["step"] in (10, 20)} == {False}
+    assert {r["early_stopped"] for r in rows if r["step"] % 10} == {None}  # no validation there
+
+    # the same command again: complete, nothing trained
+    lines.clear()
+    again = run(cfg, echo=lines.append)
+    assert again.already_complete and again.checkpoint == summary.checkpoint and again.early_stopped
+    assert any("already complete: --early-stop 2 ended it after epoch 3 of 10" in line for line in lines), lines
+
+    # a larger --early-stop resumes and counts on from epoch 3's count (2): one more
+    # validation without a lower val_loss stops it; a count started afresh would go to epoch 7
+    more = run(dataclasses.replace(cfg, early_stop=3, quiet=True))
+    assert not more.already_complete and more.resumed_from == summary.checkpoint
+    assert (more.epochs_completed, more.early_stopped, more.early_stop_epoch) == (4, True, 4)
+    evals = read_rows(more.path, "eval.parquet")
+    assert [r["epoch"] for r in evals] == [1, 2, 3, 4]
+    assert more.checkpoint == f"{base}/early-stop/step-00000040?{query}" and opens(more.checkpoint)
+
+    [listing] = [r for r in list_runs(s3_storage) if r.name == "early-stop"]
+    assert (listing.state, listing.checkpoint, listing.epochs_done) == ("complete", "step-00000040", 4)
 
     out = tmp_path / "model.pt"
-    assert main(["export", "s3run", "--storage", s3_storage, "--out", str(out)]) == 0
+    assert main(["export", "early-stop", "--storage", s3_storage, "--out", str(out)]) == 0
     assert set(torch.load(out, weights_only=True)) == {"net1.weight", "net1.bias", "net2.weight", "net2.bias"}
 
-    report = write_report(s3_storage, "s3run")
-    assert report.files and all(f.startswith(f"{base}/s3run/report/") and f.endswith(f"?{query}") and opens(f)
+    report = write_report(s3_storage, "early-stop")
+    assert report.files and all(f.startswith(f"{base}/early-stop/report/") and f.endswith(f"?{query}") and opens(f)
                                 for f in report.files), report.files
     capsys.readouterr()
