@@ -15,7 +15,7 @@ import torch
 from ray_ddp import ConfigError, run
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, STATE_FILE
 
-from ._runs import final_hashes, rows_of, small
+from ._runs import final_hashes, full_config, rows_of, small
 
 pytestmark = pytest.mark.ray
 
@@ -62,7 +62,7 @@ def test_checkpoints_written_by_rank_0_only_and_kept_newest(full_run, storage):
     assert state["saved_by_rank"] == 0
     assert (state["epoch"], state["step"], len(state["rng"])) == (3, 30, 2)
     assert state["optimizer"]["state"], "optimizer state (momentum) must be saved"
-    assert full_run.checkpoint == str(latest)
+    assert full_run.checkpoint == f"file://{latest}"  # stored through a file:// URI (conftest.py)
     # one header, in meta.json and train_state.pt alike (an FSDP checkpoint's: test_fsdp.py)
     meta = json.loads((latest / META_FILE).read_text())
     assert set(meta) == HEADER | {"time", "files"} and HEADER <= set(state)
@@ -75,8 +75,9 @@ def test_checkpoints_written_by_rank_0_only_and_kept_newest(full_run, storage):
     assert all(meta[k] == state[k] for k in HEADER)
 
 
-def test_checkpoint_loads_into_a_fresh_toy_model_without_ray_ddp(full_run):
+def test_checkpoint_loads_into_a_fresh_toy_model_without_ray_ddp(full_run, storage):
     expected = final_hashes(rows_of(full_run))[0]
+    checkpoint = str(storage / "full" / "step-00000030")
     script = textwrap.dedent(f"""
         import sys
         sys.modules["ray_ddp"] = None
@@ -86,7 +87,7 @@ def test_checkpoint_loads_into_a_fresh_toy_model_without_ray_ddp(full_run):
                 super().__init__()
                 self.net1 = nn.Linear(10, 10); self.relu = nn.ReLU(); self.net2 = nn.Linear(10, 5)
         m = ToyModel()
-        m.load_state_dict(torch.load({full_run.checkpoint + '/' + MODEL_FILE!r}, weights_only=True))
+        m.load_state_dict(torch.load({checkpoint + '/' + MODEL_FILE!r}, weights_only=True))
         print(sum(p.numel() for p in m.parameters()))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
@@ -96,7 +97,7 @@ def test_checkpoint_loads_into_a_fresh_toy_model_without_ray_ddp(full_run):
     from ray_ddp.models.builtin import ToyModel
 
     model = ToyModel()
-    model.load_state_dict(torch.load(f"{full_run.checkpoint}/{MODEL_FILE}", weights_only=True))
+    model.load_state_dict(torch.load(f"{checkpoint}/{MODEL_FILE}", weights_only=True))
     assert weights_hash(model) == expected
 
 
@@ -107,19 +108,19 @@ def test_summary_json_matches_the_returned_summary(full_run, storage):
     assert saved["resumed_from"] is None and saved["samples_per_s"] > 0
 
 
-def test_a_complete_run_says_so_and_returns_at_once(full_run, storage, capsys):
-    again = run(small(storage, "full", quiet=False))
+def test_a_complete_run_says_so_and_returns_at_once(full_run, storage, full_val, capsys):
+    again = run(full_config(storage, full_val))
     assert again.already_complete and again.checkpoint == full_run.checkpoint
     assert "already complete (3/3 epochs)" in capsys.readouterr().out
 
 
 def test_resume_with_another_model_shape_is_refused(full_run, storage):
-    with pytest.raises(ConfigError, match="was trained with model='toy'"):
+    with pytest.raises(ConfigError, match="was trained with model='user_models:slow_on_rank_one'"):
         run(small(storage, "full", model="mlp", epochs=4))
     # a DDP checkpoint holds the whole model, an FSDP one shards: never mixed up
     with pytest.raises(ConfigError, match="was trained with strategy='ddp' but this command has "
                                           "strategy='fsdp'; use the same value to resume"):
-        run(small(storage, "full", strategy="fsdp", epochs=4))
+        run(small(storage, "full", model="user_models:slow_on_rank_one", strategy="fsdp", epochs=4))
 
 
 def test_gpus_asked_for_on_a_cpu_cluster_fail_fast(ray_local, storage):
