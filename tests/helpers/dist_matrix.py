@@ -145,3 +145,50 @@ class _Batches:
 def _whole(p: torch.Tensor) -> torch.Tensor:
     full = getattr(p, "full_tensor", None)  # FSDP's shards, gathered
     return (full() if full is not None else p).detach().clone()
+
+
+def write_a_sharded_checkpoint(rank: int, world: int, folder: str) -> int:
+    """Two AdamW steps of a GPT sharded over this group (FSDP), each rank on rows of its
+    own, then ray_ddp's sharded checkpoint of it in ``folder``/step-00000002, every rank
+    writing its shards as the worker loop does; the whole weights' hash."""
+    import pyarrow.fs as pafs
+
+    from ray_ddp.checkpoint.format import TrainState
+    from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter
+    from ray_ddp.checkpoint.verify import weights_hash
+
+    model, optimizer = _sharded_gpt(seed=0)
+    ids = torch.randint(0, 16, (4, 4), generator=torch.Generator().manual_seed(rank))
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(ids).float().pow(2).mean().backward()
+        optimizer.step()
+    writer = ShardedCheckpointWriter(pafs.LocalFileSystem(), lambda name: f"{folder}/{name}", rank)
+    state = TrainState(epoch=1, step=2, rng=[{"torch": torch.get_rng_state()}] * world)
+    snapshot = writer.snapshot(model, optimizer, {}, state, {"config": {"model": "gpt"}}, "step-00000002",
+                               final=False)
+    writer.write(snapshot, "step-00000002")
+    return weights_hash(model)
+
+
+def load_a_sharded_checkpoint(rank: int, world: int, folder: str) -> tuple[int, int]:
+    """A fresh GPT (other weights) sharded over this group, loaded from ``folder``'s
+    step-00000002 as a resume does: its whole weights' hash, and AdamW's step count."""
+    from ray_ddp.checkpoint.sharded import load_sharded_checkpoint
+    from ray_ddp.checkpoint.verify import weights_hash
+
+    model, optimizer = _sharded_gpt(seed=1)
+    loaded = load_sharded_checkpoint(f"{folder}/step-00000002", model, optimizer)
+    assert (loaded.epoch, loaded.step) == (1, 2)
+    return weights_hash(model), int(optimizer.state_dict()["state"][0]["step"])
+
+
+def _sharded_gpt(seed: int):
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.models.builtin import GPT
+    from ray_ddp.parallel.fsdp import shard_model
+
+    torch.manual_seed(seed)
+    model = shard_model(GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4),
+                        TrainConfig(strategy="fsdp", model="gpt"), torch.device("cpu"))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)

@@ -1,5 +1,6 @@
 """FSDP on real Ray workers (2 gloo ranks): sharded checkpoints that survive a killed
-worker bit for bit, resume on another world size, and export to a plain model.pt."""
+worker bit for bit, resume on another world size, and export to a plain model.pt (and,
+in plain gloo process groups, load exactly on 1 and on 3 ranks)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import tempfile
 import pytest
 import torch
 
+from ray_ddp import run
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, STATE_FILE
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.cli.main import main
@@ -87,24 +89,33 @@ def epoch_end_hash(rows, step):
     return {r["weights_hash"] for r in rows if r["step"] == step and r.get("weights_hash")}.pop()
 
 
-def test_a_checkpoint_of_2_ranks_resumes_on_1_and_on_3(fsdp_runs, storage, text):
+def test_a_checkpoint_of_2_ranks_resumes_on_1(fsdp_runs, storage, text):
     reference = fsdp_runs[0]["gpt"]
-    resumed = {}
-    for workers in (1, 3):  # side by side, as in the fixture
-        name = f"fsdp-gpt-on-{workers}"
-        shutil.copytree(storage / "fsdp-gpt", storage / name)
-        shutil.rmtree(storage / name / "step-00000024")  # leave step-18 (epoch 3) the newest
-        (storage / name / "checkpoint_manager_snapshot.json").unlink()  # Ray's list of the removed
-        resumed[workers] = run_in_thread(config(storage, name, text, workers=workers))
-    for workers, started in resumed.items():
-        summary = summary_of(*started)
-        assert summary.resumed_from.endswith("step-00000018") and summary.epochs_completed == 4
-        new_rows = [r for r in rows_of(summary) if r["step"] > 18]
-        assert {r["world_size"] for r in new_rows} == {workers}
-        assert {r["rank"] for r in new_rows} == set(range(workers))
-        # every rank loaded exactly the weights the 2 ranks had at step 18, resharded
-        assert {r["loaded_hash"] for r in new_rows if r.get("loaded_hash") is not None} == \
-            {epoch_end_hash(rows_of(reference), 18)}
+    name = "fsdp-gpt-on-1"
+    shutil.copytree(storage / "fsdp-gpt", storage / name)
+    shutil.rmtree(storage / name / "step-00000024")  # leave step-18 (epoch 3) the newest
+    (storage / name / "checkpoint_manager_snapshot.json").unlink()  # Ray's list of the removed
+    summary = run(config(storage, name, text, workers=1))
+    assert summary.resumed_from.endswith("step-00000018") and summary.epochs_completed == 4
+    new_rows = [r for r in rows_of(summary) if r["step"] > 18]
+    assert {(r["world_size"], r["rank"]) for r in new_rows} == {(1, 0)}
+    # the rank loaded exactly the weights the 2 ranks had at step 18, resharded
+    assert {r["loaded_hash"] for r in new_rows if r.get("loaded_hash") is not None} == \
+        {epoch_end_hash(rows_of(reference), 18)}
+
+
+def test_a_sharded_checkpoint_of_2_ranks_loads_exactly_on_1_and_on_3():
+    # ray_ddp's sharded checkpoint, written and loaded in plain gloo process groups (no
+    # Ray: resharding is ray_ddp's and DCP's; the resume through Ray is the test above):
+    # 3 ranks shard the 2 ranks' tensors unevenly, and each ends with their weights and
+    # AdamW's state
+    from dist_matrix import load_a_sharded_checkpoint, run_on_ranks, write_a_sharded_checkpoint
+
+    with tempfile.TemporaryDirectory() as folder:
+        wrote = run_on_ranks(2, write_a_sharded_checkpoint, folder)
+        assert len(set(wrote)) == 1, "one model, however sharded"
+        for world in (1, 3):
+            assert run_on_ranks(world, load_a_sharded_checkpoint, folder) == [(wrote[0], 2)] * world, world
 
 
 def test_export_consolidates_the_shards_into_a_plain_model_pt(fsdp_runs, storage, tmp_path, capsys):
