@@ -48,26 +48,26 @@ def test_a_failing_rank_is_named(ray_local):
     assert err.value.rank == 1
 
 
-def env_of(rank):
-    return {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+def env_and_listeners(rank):
+    """The env:// variables this process got, and the addresses the rendezvous store
+    listens on (it lives as long as the group, so look while a group is up)."""
+    import psutil
+
+    env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    port = int(os.environ["MASTER_PORT"])
+    listeners = sorted({c.laddr.ip for c in psutil.net_connections("tcp")
+                        if c.status == psutil.CONN_LISTEN and c.laddr.port == port})
+    return env, listeners
 
 
 def test_each_process_gets_the_env_init_method_variables(ray_local):
-    import psutil
-
-    envs = spawn(env_of, nprocs=2)
+    got = spawn(env_and_listeners, nprocs=2)
+    envs = [env for env, _ in got]
     assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert sorted(e["LOCAL_RANK"] for e in envs) == ["0", "1"]  # both on the one local node
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
     # the rendezvous store listened on the node's address only, never on every interface
-    # (it lives as long as the group, so look while a group is up)
-    def store_listeners(rank):
-        port = int(os.environ["MASTER_PORT"])
-        return sorted({c.laddr.ip for c in psutil.net_connections("tcp")
-                       if c.status == psutil.CONN_LISTEN and c.laddr.port == port})
-
-    listeners = spawn(store_listeners, nprocs=2)
-    assert listeners[0] == [envs[0]["MASTER_ADDR"]] == ["127.0.0.1"]
+    assert got[0][1] == [envs[0]["MASTER_ADDR"]] == ["127.0.0.1"]
 
 
 def test_waiting_for_a_placement_is_bounded(ray_local):
