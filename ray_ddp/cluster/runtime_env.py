@@ -86,29 +86,34 @@ def _collect_modules(obj: Any, depth: int, found: dict[str, None], seen: set[int
         return
     seen.add(id(obj))
     if isinstance(obj, functools.partial):
-        for part in (obj.func, *obj.args, *obj.keywords.values()):
-            _collect_modules(part, depth, found, seen)
-        return
-    if isinstance(obj, types.ModuleType):
+        parts = [obj.func, *obj.args, *obj.keywords.values()]
+    elif isinstance(obj, types.MethodType):  # a bound method: its function and its object's class
+        parts = [obj.__func__, obj.__self__]
+    elif isinstance(obj, types.ModuleType):
         found.setdefault(obj.__name__)
         return
-    cls = obj if isinstance(obj, type) else None if callable(obj) and hasattr(obj, "__code__") else type(obj)
-    if cls is not None:
-        for base in cls.__mro__:
+    elif isinstance(obj, types.FunctionType):
+        if obj.__module__:  # None for a function made from code with no module
+            found.setdefault(obj.__module__)
+        parts = _referred_to(obj) if depth > 0 else []
+        depth -= 1
+    else:  # a class, or an instance of one: where it and its bases were defined
+        for base in (obj if isinstance(obj, type) else type(obj)).__mro__:
             if base.__module__ != "builtins":
                 found.setdefault(base.__module__)
         return
-    if not isinstance(obj, types.FunctionType):
-        return
-    if obj.__module__ and obj.__module__ != "builtins":
-        found.setdefault(obj.__module__)
-    if depth <= 0:
-        return
-    named = [obj.__globals__[n] for n in obj.__code__.co_names if n in obj.__globals__]
-    held = [cell.cell_contents for cell in obj.__closure__ or () if _filled(cell)]
-    for value in [*named, *held, *(v for v in held if isinstance(v, (tuple, list)) for v in v)]:
-        if isinstance(value, (type, types.FunctionType, types.ModuleType, functools.partial)):
-            _collect_modules(value, depth - 1, found, seen)
+    for part in parts:
+        _collect_modules(part, depth, found, seen)
+
+
+def _referred_to(fn: types.FunctionType) -> list[Any]:
+    """The functions, classes, modules and partials a function names as globals or holds
+    in its closure (in a tuple or list there too): what its pickle refers to by module."""
+    named = [fn.__globals__[n] for n in fn.__code__.co_names if n in fn.__globals__]
+    held = [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
+    held += [item for value in held if isinstance(value, (tuple, list)) for item in value]
+    kinds = (type, types.FunctionType, types.ModuleType, functools.partial, types.MethodType)
+    return [value for value in named + held if isinstance(value, kinds)]
 
 
 def _filled(cell) -> bool:

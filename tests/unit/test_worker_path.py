@@ -38,6 +38,7 @@ def test_a_function_defined_here_brings_what_it_calls_and_holds():
     assert {"user_models", "user_data"} <= set(object_modules(wrapper))
     assert "user_models" in object_modules(names_a_module)
     assert "user_models" in object_modules(functools.partial(wrapper, 0))
+    assert "user_models" in object_modules(user_models.FrozenStatsNet().forward)  # a bound method
     assert object_modules(functools.partial(len, user_models.FrozenStatsNet)) == ["user_models", "torch.nn.modules.module"]
 
 
