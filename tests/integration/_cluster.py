@@ -53,11 +53,12 @@ class LoopbackCluster:
              "--ray-client-server-port=48001", *self._common(cpus)], f"{self.home}/head.log")
         self.wait_for_nodes(1)
 
-    def add_node(self, name: str, cpus: int = 1, attempts: int = 2) -> None:
+    def add_node(self, name: str, cpus: int = 1, attempts: int = 3) -> None:
         """Start a worker node and wait until the cluster counts it. A node whose raylet
         did not register within Ray's fixed 30 s (`ray start` then exits: "timed out
-        during startup", seen on a loaded 2-core machine) is started once more, as an
-        autoscaler launches again a node that failed to come up; any other exit fails."""
+        during startup", seen on a loaded 2-core machine, twice in a row on one slow
+        period of it) is started again, up to ``attempts`` times in all, as an autoscaler
+        launches again a node that failed to come up; any other exit fails."""
         alive = self.alive_nodes()
         for attempt in range(attempts):
             port = 48301 + len(self.procs) + 10 * attempt  # not a late raylet's
