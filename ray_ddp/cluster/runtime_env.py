@@ -25,8 +25,9 @@ FSDP_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[str, Any]:
     """The one place that sets workers' environment: a user model, dataset, loss or
     collate function (``package.module:callable``, or an object the Python API passed:
-    object_modules) must import on the workers as it did here; under FSDP on CPU, glibc's mmap threshold is fixed (FSDP_MALLOC_ENV); under
-    --hang-timeout, PyTorch's flight recorder records (flight_recorder_env)."""
+    object_modules) must import on the workers as it did here; under FSDP on CPU,
+    glibc's mmap threshold is fixed (FSDP_MALLOC_ENV); under --hang-timeout, PyTorch's
+    flight recorder records (flight_recorder_env)."""
     modules = user_modules(cfg) + [m for obj in objects for m in object_modules(obj)]
     env = importable_env(*modules) if modules else {}
     extra = flight_recorder_env(cfg.name, cfg.hang_timeout)
