@@ -26,7 +26,9 @@ def served(argv: list[str], log: Path, ready_url: str, env: Optional[dict] = Non
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
+        # a live server is waited for: on a loaded 2-core machine (the suite's clusters
+        # starting beside it) importing MLflow alone has taken over a minute
+        deadline = time.monotonic() + 300
         while True:
             try:
                 urllib.request.urlopen(ready_url, timeout=1).close()
