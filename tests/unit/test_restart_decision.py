@@ -29,8 +29,12 @@ NODES = {"a", "b"}
     # an elastic run goes on after a lost worker or node
     (LOST, ELASTIC, set(), True, "an elastic run goes on without lost workers; restart 1"),
     (NODE, ELASTIC, set(), True, "an elastic run goes on"),
-    # ... but an elastic run given --max-failures leaves restarts to Ray Train
-    (LOST, dataclasses.replace(ELASTIC, max_failures=2), set(), False, "pass --max-failures N"),
+    # ... but an elastic run given --max-failures leaves restarts to Ray Train: a failure
+    # that reaches the driver spent them
+    (LOST, dataclasses.replace(ELASTIC, max_failures=2), set(), False,
+     "; --max-failures 2 restarts were spent: pass a larger --max-failures (-1: no limit)"),
+    (NODE, dataclasses.replace(FIXED, max_failures=3), set(), False, "--max-failures 3 restarts were spent"),
+    (LOST, dataclasses.replace(FIXED, max_failures=0), set(), False, "; pass --max-failures N (-1: no limit)"),
     # an error raised in training never restarts, and names no flag
     (BUG, ELASTIC, set(), False, ""),
     (BUG, FIXED, {"a"}, False, ""),
