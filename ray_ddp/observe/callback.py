@@ -143,6 +143,12 @@ class MetricsCallback(UserCallback):
         self._nodes, self._group_step = nodes, None
         self._write_progress(self._progress_now(nodes=nodes))
 
+    def note_last_step(self, step: int) -> None:
+        """A worker group failed past its last report (its heartbeats went on): that step
+        in progress.json, where the driver's line of a run that ends there reads it."""
+        if self._progress is None or (self._progress.step or 0) < step:
+            self._write_progress(self._progress_now(step=step))
+
     def add_event(self, event: Event) -> None:
         """A restart, in progress.json at once: the driver says it as it happens."""
         self._events.append(event)

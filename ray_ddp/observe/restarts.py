@@ -68,10 +68,13 @@ class RestartRecorder(WorkerGroupCallback, ControllerCallback):
 
     @never_fails
     def before_controller_execute_failure_decision(self, failure_decision) -> None:
-        if self._failed is None or failure_decision != FailureDecision.RETRY:
-            return  # RAISE: the run ends here, and the driver records why
+        if self._failed is None:
+            return
         failure, step = self._failed
         self._failed = None
+        if failure_decision != FailureDecision.RETRY:  # RAISE: the run ends here, and the driver
+            self.metrics.note_last_step(step)  # records why, at the step its heartbeats reached
+            return
         checkpoint = self.metrics.last_checkpoint_name() or self.resumed_from
         # a node that died after its preemption notice, once its checkpoint was saved
         preempted = failure.preempted or self.metrics.preempted_at(checkpoint_step(checkpoint))

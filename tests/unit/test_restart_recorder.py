@@ -1,8 +1,9 @@
 """The restart recorder without a cluster: Ray Train's own status and decision types fed
 to its hooks in the order the controller calls them (a group starts, a poll finds a dead
 rank, the failure policy decides), and what lands in progress.json. The hooks' wiring
-into a real controller is tests/integration/test_trust.py's killed-before-the-first-
-checkpoint run; their names and signatures in this Ray are tests/unit/test_ray_hooks.py's."""
+into a real controller is tests/integration/test_faults.py's story (four restarts, and a
+loss that ends a command); their names and signatures in this Ray are
+tests/unit/test_ray_hooks.py's."""
 
 from __future__ import annotations
 
@@ -80,13 +81,16 @@ def test_a_resumed_fit_restarts_from_the_checkpoint_it_began_with(tmp_path):
     assert (event["rank"], event["step"], event["from_checkpoint"], event["steps_lost"]) == (0, 27, "step-00000020", 7)
 
 
-def test_a_failure_ray_does_not_retry_is_left_to_the_driver(tmp_path):
+def test_a_failure_ray_does_not_retry_is_left_to_the_driver_with_its_last_step(tmp_path):
     metrics = fit_metrics(tmp_path)
-    recorder = RestartRecorder(metrics)
+    recorder = RestartRecorder(metrics, resumed_from="step-00000010")
     recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.2"]))
+    metrics._group_step = 17  # what the group's reports (or heartbeats) reached
     recorder.after_worker_group_poll_status(dead(1))
     recorder.before_controller_execute_failure_decision(FailureDecision.RAISE)
-    assert "events" not in progress(tmp_path) and metrics._events == []
+    assert not progress(tmp_path).get("events") and metrics._events == []
+    # the driver's line ("... was lost ... at step 17") reads the step from progress.json
+    assert progress(tmp_path)["step"] == 17
 
 
 def test_a_hook_that_fails_never_fails_the_run():
