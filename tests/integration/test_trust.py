@@ -1,8 +1,10 @@
 """Runs that used to train the wrong thing without a word: a (N,) target, a rank with no
 rows in the last step (and accumulation's micro-batches with none), the Python API's
 val_data= with keep_best, a frozen BatchNorm; the Python API's objects defined only in the
-calling code (a model, datasets, a loss); a lost worker, elastic and fixed. (BatchNorm
-statistics that differ per rank: test_recovery's BatchNorm run.)"""
+calling code (a model, datasets, a loss); a lost worker of an elastic run. (BatchNorm
+statistics that differ per rank: test_recovery's BatchNorm run; a lost worker that ends a
+fixed run: test_faults.py's story, and the line for each flag,
+tests/unit/test_restart_decision.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import re
 import pytest
 import torch
 
-from ray_ddp import ConfigError, TrainConfig, TrainingError, run
+from ray_ddp import ConfigError, TrainConfig, run
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.observe.report import write_report
 from ray_ddp.observe.runs import list_runs
@@ -129,17 +131,3 @@ def test_an_elastic_run_survives_a_lost_worker_without_max_failures(ray_local, s
     [listing] = [r for r in list_runs(str(storage)) if r.name == "elastic-lost-worker"]
     assert listing.restarts == 1
     assert "failure at step" in write_report(str(storage), "elastic-lost-worker").text()
-
-
-def test_a_fixed_run_names_the_lost_worker_and_the_flag(ray_local, storage, tmp_path):
-    from user_models import dies_on_rank_one
-
-    with pytest.raises(TrainingError) as failed:
-        run(TrainConfig(workers=2, epochs=1, steps_per_epoch=10, batch_size=16, report_every=2,
-                        storage=str(storage), name="fixed-lost-worker", quiet=True),
-            model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 5))
-    message = str(failed.value)
-    assert re.fullmatch(r"rank 1 on node 127\.0\.0\.1 was lost \(its process \d+ died\)( at step \d+)?; pass "
-                        r"--max-failures N \(-1: no limit\) to let the run restart from its latest "
-                        r"checkpoint", message), message
-
