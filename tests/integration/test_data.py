@@ -1,5 +1,7 @@
-"""Training on real files: a folder of parquet files, in memory and streamed, and a user
-Dataset, each over a resize; DataLoader processes reading the Dataset (after a resize)."""
+"""Training on real files: a folder of parquet files held in memory, and a user Dataset,
+over a resize; DataLoader processes reading the Dataset (after a resize). (Rows streamed
+with --stream: test_s3.py's run, from its bucket; a stream's cut at any world size:
+tests/unit/test_stream.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 
 from ray_ddp import run
 
-from ._runs import rows_of, run_in_thread, small, summary_of
+from ._runs import rows_of, small
 
 pytestmark = pytest.mark.ray
 
@@ -17,9 +19,9 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def same_rows_as_parquet(tmp_path_factory):
     """user_data:regression's 600 rows as a folder of 3 parquet files (row groups of 50),
-    so the in-memory, streamed and Dataset paths train on the very same rows: a parquet
-    set whose steps, epochs and weights match the Dataset's is read whole, in order, each
-    row with its own target."""
+    so the in-memory and Dataset paths train on the very same rows: a parquet set whose
+    steps, epochs and weights match the Dataset's is read whole, in order, each row with
+    its own target."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import user_data
@@ -61,34 +63,23 @@ def test_a_user_dataset_is_sharded_and_trained(unresized):
 
 # A user's Dataset and in-memory rows go through the same IndexedSource (only the fetch
 # differs, and the Dataset's is tested above): resizing is tested on the in-memory rows,
-# the in-memory chain going back to 2 workers on the Dataset read by DataLoader processes.
-PATHS = ("in-memory", "streamed")
-
-
+# the chain going back to 2 workers on the Dataset read by DataLoader processes.
 @pytest.fixture(scope="module")
 def resized(ray_local, storage, same_rows_as_parquet, unresized):
-    """For each data path, the reference run's epoch 1 at 2 workers, then epoch 2 on 1
-    worker (2 -> 1) and epoch 3 on 2 again (1 -> 2), the global batch 100 throughout; the
-    in-memory chain's epoch 3 reads the reference's Dataset with 2 DataLoader processes
-    per rank (--loader-workers 2). The chains run side by side (each chain's runs in turn)."""
-    def chain(path):
-        source = {"in-memory": dict(data=same_rows_as_parquet),
-                  "streamed": dict(data=same_rows_as_parquet, stream=True)}[path]
-        back = {"in-memory": dict(dataset="user_data:regression", loader_workers=2),
-                "streamed": source}[path]
-        name = f"resized-{path}"
-        # epoch 1 at 2 workers: the reference run as it stood then (its folder, later checkpoints gone)
-        shutil.copytree(storage / "user-dataset", storage / name)
-        for step in ("step-00000012", "step-00000018"):
-            shutil.rmtree(storage / name / step)
-        (storage / name / "checkpoint_manager_snapshot.json").unlink()
-        for epochs, workers, data in ((2, 1, source), (3, 2, back)):
-            summary = run(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,
-                                warmup_steps=0, **data))
-        return summary
-
-    threads = {path: run_in_thread(None, lambda path=path: chain(path)) for path in PATHS}
-    return {path: summary_of(*started) for path, started in threads.items()}
+    """The reference run's epoch 1 at 2 workers, then epoch 2 on the in-memory rows on 1
+    worker (2 -> 1) and epoch 3 on 2 again (1 -> 2), reading the reference's Dataset with
+    2 DataLoader processes per rank (--loader-workers 2), the global batch 100 throughout."""
+    name = "resized-in-memory"
+    # epoch 1 at 2 workers: the reference run as it stood then (its folder, later checkpoints gone)
+    shutil.copytree(storage / "user-dataset", storage / name)
+    for step in ("step-00000012", "step-00000018"):
+        shutil.rmtree(storage / name / step)
+    (storage / name / "checkpoint_manager_snapshot.json").unlink()
+    for epochs, workers, data in ((2, 1, dict(data=same_rows_as_parquet)),
+                                  (3, 2, dict(dataset="user_data:regression", loader_workers=2))):
+        summary = run(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,
+                            warmup_steps=0, **data))
+    return summary
 
 
 def test_loader_workers_read_exactly_the_rows_of_the_training_thread(resized, unresized):
@@ -97,31 +88,26 @@ def test_loader_workers_read_exactly_the_rows_of_the_training_thread(resized, un
     weights, to float tolerance (epoch 2's sums were taken on 1 worker)."""
     import torch
 
-    loaded = [r for r in rows_of(resized["in-memory"]) if r["epoch"] == 3]
+    loaded = [r for r in rows_of(resized) if r["epoch"] == 3]
     reference = [r for r in rows_of(unresized) if r["epoch"] == 3]
     assert [(r["step"], r["rank"]) for r in loaded] == [(r["step"], r["rank"]) for r in reference]
     assert [r["loss"] for r in loaded] == pytest.approx([r["loss"] for r in reference], rel=1e-4)
-    weights, want = model_weights(resized["in-memory"]), model_weights(unresized)
+    weights, want = model_weights(resized), model_weights(unresized)
     assert all(torch.allclose(weights[k], want[k], atol=1e-5) for k in want)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_resume_on_another_world_size_keeps_every_epoch_whole(resized, unresized, path):
+def test_resume_on_another_world_size_keeps_every_epoch_whole(resized, unresized):
     import torch
 
-    summary = resized[path]
+    summary = resized
     assert summary.epochs_completed == 3 and summary.steps == 18  # 6 steps of 100 rows per epoch
     rows = rows_of(summary)
     for epoch, world in ((1, 2), (2, 1), (3, 2)):
         in_epoch = [r for r in rows if r["epoch"] == epoch]
         assert {r["world_size"] for r in in_epoch} == {world}
         assert sum(r["samples"] for r in in_epoch) == 600, "every row once per epoch"
-    weights, reference = model_weights(summary), model_weights(unresized)
     assert summary.final_loss < 0.8 * rows[0]["loss"]  # it learns the teacher's targets (1.11 -> 0.67)
-    if path == "streamed":
-        # rank r streams its own contiguous part, so a step's rows depend on the world size
-        assert all(torch.isfinite(w).all() for w in weights.values())
-    else:
-        # a step holds the same 100 rows at any world size: the same weights, to float tolerance
-        for key in reference:
-            assert torch.allclose(weights[key], reference[key], atol=1e-5), key
+    # a step holds the same 100 rows at any world size: the same weights, to float tolerance
+    weights, reference = model_weights(summary), model_weights(unresized)
+    for key in reference:
+        assert torch.allclose(weights[key], reference[key], atol=1e-5), key

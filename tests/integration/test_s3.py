@@ -1,12 +1,16 @@
 """A run on s3:// against a real S3 API server on loopback (moto's standalone server,
-started here), and --early-stop on it: one story. A run whose validation loss never gets
+started here), streaming its rows from the same bucket (--stream), and --early-stop on
+it: one story. A run whose validation loss never gets
 lower stops after N validations without a lower one, checkpoints that epoch (whatever
 --checkpoint-every says), says so on the driver, in summary.json and in metrics.parquet,
-and counts as complete on a rerun; a rerun with a larger --early-stop resumes and counts
-on from the validations so far (the count survives the resume). The run is then listed,
+and counts as complete on a rerun; a rerun with a larger --early-stop resumes and counts on
+from the validations so far (the count survives the resume; the streamed rows go on, every
+row once an epoch). The run is then listed,
 exported and reported, and every location it prints or records is a URI that opens (the
 storage's query kept after the path). (Each Ray Train start costs ~15 s of a 2-core
-machine's CPU: the S3 claims and the early stop's ride on the same two runs.)"""
+machine's CPU: the S3 claims, the early stop's and --stream's ride on the same two runs;
+that a streamed epoch's steps and rows do not depend on the world size is
+tests/unit/test_stream.py's, and a resume on another world size test_data.py's.)"""
 
 from __future__ import annotations
 
@@ -56,12 +60,14 @@ def read_rows(run_uri: str, name: str = "") -> list[dict]:
 def test_a_run_on_s3_stops_early_is_complete_resumes_and_is_listed_exported_and_reported(
         ray_local, s3_storage, tmp_path, capsys):
     base, query = s3_storage.split("?")
-    data = tmp_path / "reg"
-    # 400 rows, 80 held out: 320 / (2 workers x 16) = 10 steps an epoch
-    write_synthetic(str(data), rows=400, features=10, targets=5, seed=3)
+    # in the bucket: 320 training rows in row groups of 40, streamed (320 / (2 workers x
+    # 16) = 10 steps an epoch), and 80 validation rows
+    train, val = (f"{base.rsplit('/', 1)[0]}/data/{name}?{query}" for name in ("train", "val"))
+    write_synthetic(train, rows=320, features=10, targets=5, seed=3, row_group_rows=40)
+    write_synthetic(val, rows=80, features=10, targets=5, seed=4)
     # lr 1e-30: every update is below a float32 weight's last bit, so the weights, and so
     # val_loss, stay exactly as they were: every validation after the first is no lower
-    cfg = small(s3_storage, "early-stop", data=str(data), val_fraction=0.2, epochs=10, lr=1e-30,
+    cfg = small(s3_storage, "early-stop", data=train, stream=True, val_data=val, epochs=10, lr=1e-30,
                 early_stop=2, checkpoint_every=4, quiet=False)
     lines: list[str] = []
     summary = run(cfg, echo=lines.append)
@@ -84,7 +90,7 @@ def test_a_run_on_s3_stops_early_is_complete_resumes_and_is_listed_exported_and_
     assert written["early_stopped"] is True and written["early_stop_epoch"] == 3
     evals = read_rows(summary.path, "eval.parquet")
     assert [r["epoch"] for r in evals] == [1, 2, 3] and len({r["loss"] for r in evals}) == 1
-    assert {r["samples"] for r in evals} == {80}  # --val-fraction 0.2: the held-out 80 of 400 rows
+    assert {r["samples"] for r in evals} == {80}  # --val-data's 80 rows
     rows = read_rows(summary.metrics)
     assert {r["early_stopped"] for r in rows if r["step"] == 30} == {True}  # every rank's row
     assert {r["early_stopped"] for r in rows if r["step"] in (10, 20)} == {False}
@@ -97,10 +103,15 @@ def test_a_run_on_s3_stops_early_is_complete_resumes_and_is_listed_exported_and_
     assert any("already complete: --early-stop 2 ended it after epoch 3 of 10" in line for line in lines), lines
 
     # a larger --early-stop resumes and counts on from epoch 3's count (2): one more
-    # validation without a lower val_loss stops it; a count started afresh would go to epoch 7
+    # validation without a lower val_loss stops it; a count started afresh would go to
+    # epoch 7. (On the same world size: on another, the validation mean's rounding differs,
+    # and a val_loss lower by a rounding error is an improvement.)
     more = run(dataclasses.replace(cfg, early_stop=3, quiet=True))
     assert not more.already_complete and more.resumed_from == summary.checkpoint
     assert (more.epochs_completed, more.early_stopped, more.early_stop_epoch) == (4, True, 4)
+    rows = read_rows(more.metrics)
+    for epoch in (1, 2, 3, 4):  # every streamed row once an epoch, the resumed epoch too
+        assert sum(r["samples"] for r in rows if r["epoch"] == epoch) == 320, epoch
     evals = read_rows(more.path, "eval.parquet")
     assert [r["epoch"] for r in evals] == [1, 2, 3, 4]
     assert more.checkpoint == f"{base}/early-stop/step-00000040?{query}" and opens(more.checkpoint)
