@@ -96,9 +96,8 @@ def decide_restart(failure: FailureSummary, policy: RestartPolicyConfig, state: 
         return RestartDecision(False, f"; it failed {repeats} times in a row after the same checkpoint, so "
                                       "it is not a lost node: look at that rank's error (--verbose shows "
                                       "Ray's logs)", False, state)
-    if policy.max_failures and policy.max_failures > 0:  # Ray Train restarted within them: all spent
-        return RestartDecision(False, f"; --max-failures {policy.max_failures} restarts were spent: pass a larger "
-                                      "--max-failures (-1: no limit) to let the run restart from its latest "
-                                      "checkpoint", False, state)
-    return RestartDecision(False, "; pass --max-failures N (-1: no limit) to let the run restart from its "
-                                  "latest checkpoint", False, state)
+    spent = policy.max_failures or 0  # > 0: Ray Train restarted within them, and this failure spent them
+    ask = (f"--max-failures {spent} restarts were spent: pass a larger --max-failures" if spent > 0
+           else "pass --max-failures N")
+    return RestartDecision(False, f"; {ask} (-1: no limit) to let the run restart from its latest checkpoint",
+                           False, state)
