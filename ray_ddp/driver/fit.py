@@ -157,17 +157,18 @@ def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:
 def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
          plan: WorkerPlan, objects: dict[str, Any], tracking=None, ray_inputs=None) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     # here, not at the top: these import Ray Train, which the driver loads only to fit (`ray-ddp --help`
     # and the checks before Ray starts import this module)
+    from ray_ddp.driver.trainer import RayDdpTrainer
     from ray_ddp.worker.loop import train_loop_per_worker
     from ray_ddp.observe.callback import MetricsCallback
     from ray_ddp.observe.restarts import RestartRecorder
 
     metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps, tensorboard=cfg.tensorboard,
                               keep=cfg.keep, keep_best=cfg.keep_best, tracking=tracking)
-    trainer = TorchTrainer(
+    trainer = RayDdpTrainer(
         train_loop_per_worker,
         train_loop_config=plan,
         **({"datasets": ray_inputs[0], "dataset_config": ray_inputs[1]} if ray_inputs else {}),

@@ -31,3 +31,25 @@ def test_each_hook_the_recorder_overrides_is_rays_with_the_same_parameters():
             assert list(inspect.signature(getattr(base, name)).parameters) == params, name
             assert list(inspect.signature(getattr(RestartRecorder, name)).parameters) == params, name
     assert {d.name for d in FailureDecision} >= {"RETRY", "RAISE"}
+
+
+def test_a_run_without_ray_datasets_starts_no_ray_data_actor_and_one_with_them_keeps_rays_callbacks():
+    # here, not at the top: Ray Train's trainer, which only these tests need
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+
+    from ray_ddp.driver.trainer import RayDdpTrainer
+
+    assert list(inspect.signature(TorchTrainer._create_default_callbacks).parameters) == ["self"]
+    scaling = ScalingConfig(num_workers=1)
+
+    def kinds(trainer):
+        return [type(c) for c in trainer._create_default_callbacks()]
+
+    rays = kinds(TorchTrainer(lambda: None, scaling_config=scaling))
+    assert DatasetsCallback in rays, "Ray Train no longer adds its Ray Data callback: driver/trainer.py has nothing to drop"
+    ours = kinds(RayDdpTrainer(lambda: None, scaling_config=scaling))
+    assert ours == [k for k in rays if k is not DatasetsCallback]
+    with_data = RayDdpTrainer(lambda: None, scaling_config=scaling, datasets={"train": lambda: None})
+    assert kinds(with_data) == kinds(TorchTrainer(lambda: None, scaling_config=scaling, datasets={"train": lambda: None}))
