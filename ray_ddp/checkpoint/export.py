@@ -47,11 +47,13 @@ class ExportSummary:
     format: str = "torch"
     architecture: Optional[str] = None  # --format hf: the transformers class written
     files: list[str] = field(default_factory=list)  # --format hf: the folder's files
+    merged: bool = False  # --merge: a --lora run's adapters merged into its base
 
     def text(self) -> str:
         source = "consolidated from its shards" if self.sharded else "copied"
         if self.format == "hf":
-            return (f"exported {self.checkpoint} of run {self.run} ({source}) as Hugging Face "
+            merged = ", its LoRA adapters merged into the base" if self.merged else ""
+            return (f"exported {self.checkpoint} of run {self.run} ({source}{merged}) as Hugging Face "
                     f"{self.architecture}: {self.tensors} tensors, {self.parameters:,} values -> "
                     f"{self.out} ({', '.join(self.files)})")
         return (f"exported {self.checkpoint} of run {self.run} ({source}): {self.tensors} tensors, "
@@ -62,15 +64,19 @@ FORMATS = ("torch", "hf")
 
 
 def export_model(run: str, storage: str, step: Optional[int] = None, out: Optional[str] = None,
-                 format: str = "torch") -> ExportSummary:
+                 format: str = "torch", merge: bool = False) -> ExportSummary:
     """Write the model of run ``run``'s checkpoint at ``step`` (default: the newest whole
     one) to ``out``: with ``format="torch"`` one state_dict file (default:
     ``<run>-step-<N>.pt`` in the current folder); with ``format="hf"`` a new or empty
-    folder that ``from_pretrained`` loads (``out`` required)."""
+    folder that ``from_pretrained`` loads (``out`` required): of a ``--lora`` run its
+    adapters, or with ``merge`` the whole model with the adapters merged into the base."""
     if format not in FORMATS:
         raise ConfigError(f"--format {format}: choose one of {', '.join(FORMATS)}")
     if format == "hf" and not out:
         raise ConfigError("--format hf needs --out DIR: the folder to write the model into")
+    if merge and format != "hf":
+        raise ConfigError("--merge writes a --lora run's Hugging Face model with its adapters merged in: "
+                          "pass it with --format hf (--format torch writes base and adapters as the run holds them)")
     store = resolve_storage(storage)
     run_path = store.run_path(run)
     scan = find_latest_checkpoint(store.fs, run_path, verify_crc=step is None)
@@ -93,6 +99,9 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
             raise ConfigError(f"checkpoint {dir_name} of run {run} is unusable: {problem}")
     files = meta["files"]
     what = f"checkpoint {dir_name} of run {run}"
+    lora = (meta.get("config") or {}).get("lora") if format == "hf" else None
+    if format == "hf":
+        check_lora_export(meta.get("config") or {}, merge, what)
     if format == "hf":
         if HF_CONFIG_FILE not in files:  # before the folder or the package: this is the mistake
             raise ConfigError(f"run {run}'s model is not a Hugging Face model (its checkpoint has no "
@@ -119,10 +128,14 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
                             format=format)
     if format == "hf":
         model = hf_export.build_hf_model(transformers, fields, what)
-        lora = (meta.get("config") or {}).get("lora")
         if lora:  # --lora's adapters: written as PeftModel.from_pretrained loads them over the base
             model = apply_lora(model, lora, what)
         hf_export.fill(model, state, what)
+        if merge:  # base + scale * B @ A in every adapted layer: a plain model of the base's class
+            model = model.merge_and_unload()
+            merged = model.state_dict()
+            summary.merged, summary.tensors = True, len(merged)
+            summary.parameters = sum(t.numel() for t in merged.values())
         summary.architecture, summary.files = type(model).__name__, hf_export.save_hf(model, target)
         return summary
     partial = f"{target}.partial-{os.getpid()}"
@@ -133,6 +146,21 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
         if os.path.exists(partial):
             os.remove(partial)
     return summary
+
+
+def check_lora_export(config: dict, merge: bool, what: str) -> None:
+    """Refuse, before anything is read or written, an hf export whose adapters would load
+    over the wrong base: a --lora run's adapters alone name hf:DIR as their base
+    (PeftModel.from_pretrained loads them over it), but a run started with --init-from
+    trained them over those weights instead. Merged, the model carries its own base."""
+    if merge and not config.get("lora"):
+        raise ConfigError(f"--merge merges a --lora run's adapters into its base; {what} was not trained "
+                          "with --lora: drop --merge")
+    if config.get("lora") and config.get("init_from") and not merge:
+        raise ConfigError(f"{what} trained its --lora adapters over its --init-from weights "
+                          f"({config['init_from']}), not {config.get('model')}'s own: the adapters alone "
+                          "would load over a base they were not trained with; pass --merge to write the "
+                          "whole model with the adapters merged in")
 
 
 @contextlib.contextmanager

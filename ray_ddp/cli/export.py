@@ -27,11 +27,16 @@ def add_parser(sub) -> None:
     export.add_argument("--out", metavar="PATH", default=None,
                         help="--format torch: the file to write (default: <run>-step-<N>.pt in the "
                              "current folder); --format hf: the new or empty folder to write (required)")
+    export.add_argument("--merge", action="store_true",
+                        help="--format hf of a --lora run: write the whole model with the adapters merged "
+                             "into the base (a plain from_pretrained folder, no peft needed) instead of the "
+                             "adapters alone; required for a --lora run started with --init-from, whose "
+                             "adapters were not trained over hf:DIR's own weights")
 
 
 def run(args: argparse.Namespace) -> int:
     # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
     from ray_ddp.checkpoint.export import export_model
 
-    print(export_model(args.run, args.storage, args.step, args.out, args.format).text())
+    print(export_model(args.run, args.storage, args.step, args.out, args.format, args.merge).text())
     return 0

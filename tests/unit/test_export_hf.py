@@ -43,12 +43,14 @@ def nudged(model):
     return model
 
 
-def write_ddp(run_dir, model):
-    """A checkpoint as rank 0's writer writes it; its folder."""
+def write_ddp(run_dir, model, config=None):
+    """A checkpoint as rank 0's writer writes it (``config``: the run's, as its meta.json
+    records it); its folder."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     writer = CheckpointWriter(pafs.LocalFileSystem(), lambda name: str(run_dir / name))
     state = TrainState(epoch=1, step=10, rng=[{"torch": torch.get_rng_state()}])
-    snapshot = writer.snapshot(model, optimizer, {}, state, {"config": {"model": "hf"}}, STEP, final=True)
+    snapshot = writer.snapshot(model, optimizer, {}, state, {"config": config or {"model": "hf"}}, STEP,
+                               final=True)
     writer.write(snapshot, STEP)
     return run_dir / STEP
 
@@ -238,3 +240,62 @@ def test_storage_that_is_not_the_local_disk_copies_the_config_too(tmp_path, monk
     assert summary.architecture == "GPT2LMHeadModel" and not summary.sharded
     loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), local_files_only=True)
     assert_same_weights(loaded, model.state_dict())
+
+
+LORA = "r=2,alpha=4,targets=c_attn"
+
+
+def lora_run(tmp_path, init_from):
+    """A --lora GPT-2 run's checkpoint (base and adapters moved off their init, as an
+    --init-from base and training leave them), and the adapted model it holds."""
+    from ray_ddp.models.lora import apply_lora
+
+    model = nudged(apply_lora(gpt2(), LORA, "the tiny GPT-2")).eval()
+    config = {"model": "hf:/models/gpt2", "lora": LORA, **({"init_from": init_from} if init_from else {})}
+    write_ddp(tmp_path / "runs" / "lora", model, config)
+    return model
+
+
+def test_a_lora_run_started_from_other_weights_exports_merged_or_is_refused_in_one_line(tmp_path, capsys):
+    """The adapters alone name hf:DIR as their base; a run that started --init-from other
+    weights trained them over those. So its hf export is refused without --merge (nothing
+    written), and with --merge it is the whole adapted model: a plain from_pretrained
+    folder, no peft, whose forward is the run's model's."""
+    pytest.importorskip("peft")
+    model = lora_run(tmp_path, "/runs/pretrain/step-00000050")
+    out = tmp_path / "out"
+    argv = ["export", "lora", "--storage", str(tmp_path / "runs"), "--format", "hf", "--out", str(out)]
+    assert main(argv) == 2
+    line = one_error_line(capsys)
+    assert "over its --init-from weights (/runs/pretrain/step-00000050)" in line and "pass --merge" in line
+    assert not out.exists()
+
+    assert main(argv + ["--merge"]) == 0
+    assert "its LoRA adapters merged into the base" in capsys.readouterr().out
+    assert not any(name.startswith("adapter_") for name in os.listdir(out))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+    assert type(loaded).__name__ == "GPT2LMHeadModel" and not any(".lora_" in k for k in loaded.state_dict())
+    ids = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_a_lora_run_from_hf_dirs_own_weights_exports_its_adapters(tmp_path):
+    pytest.importorskip("peft")
+    lora_run(tmp_path, None)
+    assert export_hf(tmp_path, "lora", tmp_path / "out") == 0
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("case", ["not a --lora run", "--format torch"])
+def test_merge_where_there_is_nothing_to_merge_is_one_line(tmp_path, capsys, case):
+    write_ddp(tmp_path / "runs" / "hf", gpt2())
+    argv = ["export", "hf", "--storage", str(tmp_path / "runs"), "--merge", "--out", str(tmp_path / "out")]
+    if case == "not a --lora run":
+        argv, fragment = argv + ["--format", "hf"], "was not trained with --lora: drop --merge"
+    else:
+        fragment = "pass it with --format hf"
+    assert main(argv) == 2
+    assert fragment in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing written"
