@@ -102,6 +102,10 @@ class WorkerPlan:
     objects: bytes = b""
     model_loss: bool = False  # batches hand the model its labels: its own loss is the objective
     init_from: Optional[str] = None  # a new run's first weights (--init-from)
+    # the weights the run's first life started from (its --init-from), kept across its
+    # resumes and restarts, which ignore --init-from: what a --lora run's adapters were
+    # trained over (checkpoint/export.py); None: the model's own weights
+    started_from: Optional[str] = None
     init_strict: bool = True
     hang_watch: Any = None  # the driver's HangWatch actor (--hang-timeout), or None: off
     ray_data: Any = None  # a RayDataConfig when a set is read through Ray Data (data/ray_data.py)

@@ -114,13 +114,23 @@ def checkpoint_header(state: TrainState, run: dict[str, Any], rank: int, sharded
     """What every checkpoint opens with, in meta.json and in train_state.pt alike, whichever
     strategy wrote it: where the run stood, the world size that saved it, the rank that
     saved, the run (``run``: the user's ``config`` and the RunPlan's values, ``plan``,
-    apart: a resume on another world size reads the intent, plan.saved_run_config both),
-    and its format ("whole": model.pt holds the model; "sharded": DCP's shards, and
-    model.pt only at the run's end)."""
+    apart: a resume on another world size reads the intent, plan.saved_run_config both;
+    ``started_from``: the weights its first life started from, kept across resumes), and
+    its format ("whole": model.pt holds the model; "sharded": DCP's shards, and model.pt
+    only at the run's end)."""
     return {"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
             "world_size": len(state.rng), "saved_by_rank": rank,
             "config": run.get("config", {}), "plan": run.get("plan", {}),
-            "format": "sharded" if sharded else "whole"}
+            "started_from": run.get("started_from"), "format": "sharded" if sharded else "whole"}
+
+
+def started_from_of(meta: dict[str, Any]) -> Optional[str]:
+    """The weights a checkpoint's run started from (its first --init-from), or None for the
+    model's own. A checkpoint written before ``started_from`` was recorded has only its
+    command's --init-from, which a resume ignores: the best there is."""
+    if "started_from" in meta:
+        return meta["started_from"]
+    return (meta.get("config") or {}).get("init_from")
 
 
 def snapshot_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,

@@ -6,6 +6,7 @@ driver.
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
+from ray_ddp.checkpoint.format import started_from_of
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.plan import RunPlan, WorkerPlan
@@ -132,6 +133,7 @@ def plan_workers(run: RunPlan, scan: CheckpointScan, objects: dict[str, Any],
                       model_loss=model_loss,
                       # only before this run's first checkpoint: a restart resumes it instead
                       init_from=init_from if scan.latest is None else None, init_strict=run.config.init_strict,
+                      started_from=init_from if scan.meta is None else started_from_of(scan.meta),
                       hang_watch=hang_watch, ray_data=ray_data)
 
 

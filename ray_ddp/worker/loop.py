@@ -94,7 +94,8 @@ class WorkerRun:
         self.parts, self.task, self.source, self.state = parts, task, source, state
         self.total_steps = plan.total_steps
         # what each checkpoint says the run is: the user's intent and the plan, apart
-        self.run_record = {"config": plan.run.config.to_dict(), "plan": plan.run.planned()}
+        self.run_record = {"config": plan.run.config.to_dict(), "plan": plan.run.planned(),
+                           "started_from": plan.started_from}
         self.node_rank = ray.train.get_context().get_node_rank()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.first_report: Optional[dict] = first_report  # extra columns of the first row only

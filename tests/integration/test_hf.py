@@ -6,6 +6,7 @@ accumulation steps on ragged rows (against one plain process)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from ray_ddp import TrainConfig, run
-from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE
 
 pytest.importorskip("transformers")  # the [hf] extra; .ci/run installs it with [test]
 pytestmark = pytest.mark.ray
@@ -70,6 +71,9 @@ def test_init_from_starts_where_another_run_ended(gpt2_run, storage):
     summary = run(cfg, model=gpt2, train_data=CausalText(64, seed=0), val_data=CausalText(128, seed=1))
     # a fresh GPT-2 starts near ln(64) = 4.2; this one starts where the other ended
     assert summary.val_loss < gpt2_run.val_loss + 0.1 and summary.val_loss < 3.0
+    # and its checkpoints say so (what a --lora run's export asks: checkpoint/export.py)
+    with open(os.path.join(_local(summary.checkpoint), META_FILE)) as f:
+        assert json.load(f)["started_from"] == cfg.init_from
     lines = []
     again = run(cfg, echo=lines.append, model=gpt2, train_data=CausalText(64, seed=0),
                 val_data=CausalText(128, seed=1))

@@ -20,7 +20,7 @@ from ._runs import final_hashes, full_config, rows_of, small
 pytestmark = pytest.mark.ray
 
 
-HEADER = {"epoch", "step", "epoch_step", "world_size", "saved_by_rank", "config", "plan", "format"}
+HEADER = {"epoch", "step", "epoch_step", "world_size", "saved_by_rank", "config", "plan", "started_from", "format"}
 REQUIRED_COLUMNS = {"epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_per_s", "time"}
 
 
