@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 import pyarrow.fs as pafs
 import torch
-from ray_ddp.checkpoint.format import HF_CONFIG_FILE, META_FILE, MODEL_FILE, checkpoint_dir_name
+from ray_ddp.checkpoint.format import HF_CONFIG_FILE, META_FILE, MODEL_FILE, checkpoint_dir_name, started_from_of
 from ray_ddp.errors import CheckpointError
 from ray_ddp.checkpoint.verify import checkpoint_file_problem, find_latest_checkpoint
 from ray_ddp.checkpoint.load import load_tensors
@@ -101,7 +101,7 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     what = f"checkpoint {dir_name} of run {run}"
     lora = (meta.get("config") or {}).get("lora") if format == "hf" else None
     if format == "hf":
-        check_lora_export(meta.get("config") or {}, merge, what)
+        check_lora_export(meta.get("config") or {}, started_from_of(meta), merge, what)
     if format == "hf":
         if HF_CONFIG_FILE not in files:  # before the folder or the package: this is the mistake
             raise ConfigError(f"run {run}'s model is not a Hugging Face model (its checkpoint has no "
@@ -132,10 +132,10 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
             model = apply_lora(model, lora, what)
         hf_export.fill(model, state, what)
         if merge:  # base + scale * B @ A in every adapted layer: a plain model of the base's class
-            model = model.merge_and_unload()
-            merged = model.state_dict()
-            summary.merged, summary.tensors = True, len(merged)
-            summary.parameters = sum(t.numel() for t in merged.values())
+            hf_export.check_untied_adapters(model, what)
+            model, summary.merged = model.merge_and_unload(), True
+        written = hf_export.tensors_written(model)  # what the folder holds, not the checkpoint
+        summary.tensors, summary.parameters = len(written), sum(t.numel() for t in written)
         summary.architecture, summary.files = type(model).__name__, hf_export.save_hf(model, target)
         return summary
     partial = f"{target}.partial-{os.getpid()}"
@@ -148,17 +148,18 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     return summary
 
 
-def check_lora_export(config: dict, merge: bool, what: str) -> None:
-    """Refuse, before anything is read or written, an hf export whose adapters would load
-    over the wrong base: a --lora run's adapters alone name hf:DIR as their base
-    (PeftModel.from_pretrained loads them over it), but a run started with --init-from
-    trained them over those weights instead. Merged, the model carries its own base."""
+def check_lora_export(config: dict, started_from: Optional[str], merge: bool, what: str) -> None:
+    """Refuse, before any weight is read or anything written, an hf export whose adapters
+    would load over the wrong base: a --lora run's adapters alone name hf:DIR as their
+    base (PeftModel.from_pretrained loads them over it), but a run that started from
+    --init-from weights (``started_from``, kept across its resumes) trained them over
+    those instead. Merged, the model carries its own base."""
     if merge and not config.get("lora"):
         raise ConfigError(f"--merge merges a --lora run's adapters into its base; {what} was not trained "
                           "with --lora: drop --merge")
-    if config.get("lora") and config.get("init_from") and not merge:
+    if config.get("lora") and started_from and not merge:
         raise ConfigError(f"{what} trained its --lora adapters over its --init-from weights "
-                          f"({config['init_from']}), not {config.get('model')}'s own: the adapters alone "
+                          f"({started_from}), not {config.get('model')}'s own: the adapters alone "
                           "would load over a base they were not trained with; pass --merge to write the "
                           "whole model with the adapters merged in")
 

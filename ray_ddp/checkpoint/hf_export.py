@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from ray_ddp.errors import ConfigError
+from ray_ddp.models.lora import unwrap_peft
 
 
 def import_transformers() -> Any:
@@ -95,7 +96,21 @@ def fill(model: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> N
             detail = detail[:300].rsplit(",", 1)[0] + ", ..."
         raise ConfigError(f"{what} does not fit the {type(model).__name__} its hf_config.json "
                           f"describes: {detail}; use --format torch") from None
-    model.tie_weights()  # ``assign`` gave tied parameters (lm_head and the embedding) apart
+    tie(model)  # ``assign`` gave tied parameters (lm_head and the embedding) apart
+
+
+def tie(model: torch.nn.Module) -> None:
+    """Tie the output embedding to the input one again, as the model was built. An adapter
+    on the output embedding (--lora targets=lm_head) wraps it, and transformers' own
+    tie_weights cannot set a wrapper's weight: its base layer is tied instead, as training
+    had it (the adapter put on a model already tied)."""
+    base = unwrap_peft(model)
+    out = base.get_output_embeddings()
+    if not hasattr(out, "base_layer"):
+        model.tie_weights()
+    elif getattr(base.config, "tie_word_embeddings", False):
+        inp = base.get_input_embeddings()
+        out.base_layer.weight = getattr(inp, "base_layer", inp).weight
 
 
 def save_hf(model: torch.nn.Module, target: str) -> list[str]:
@@ -117,3 +132,30 @@ def save_hf(model: torch.nn.Module, target: str) -> list[str]:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return written
+
+
+def check_untied_adapters(model: torch.nn.Module, what: str) -> None:
+    """Refuse to merge an adapter into a weight another layer shares (GPT-2's lm_head is its
+    token embedding): merging adds the adapter's change to both, so the merged model would
+    not be the one trained, where the other layer saw the base weight alone."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    for name, module in model.named_modules():
+        weight = getattr(getattr(module, "base_layer", None), "weight", None)
+        if hasattr(module, "lora_A") and weight is not None and len(names.get(id(weight), [])) > 1:
+            shared = [n for n in names[id(weight)] if not n.startswith(f"{name}.")]
+            raise ConfigError(f"--merge cannot merge {what}'s adapters on {name}: its weight is also "
+                              f"{', '.join(shared)}, which would change too; export the adapters "
+                              "(without --merge) or use --format torch")
+
+
+def tensors_written(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors save_pretrained writes: a peft model's adapters alone, else the model's
+    tensors with each tied one once."""
+    if hasattr(model, "peft_config"):
+        from peft import get_peft_model_state_dict  # not at the top: only a --lora run's export has peft
+
+        return list(get_peft_model_state_dict(model).values())
+    unique = {id(t): t for t in model.state_dict(keep_vars=True).values()}
+    return list(unique.values())

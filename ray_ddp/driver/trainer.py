@@ -3,7 +3,8 @@ Datasets never calls. Runs on the driver; importing it imports Ray Train.
 
 Ray Train 2.60 starts a ``DatasetManager`` actor for every worker group, restarts
 included, whether or not the trainer was given ``datasets``: a new process that imports
-Ray Data and Ray Train (about 2 CPU seconds) and then waits for ``get_dataset_shard``
+Ray Data and Ray Train (1 to 2.5 CPU seconds: benchmarks/startup.py's and suite_time.py's
+``--by-process`` helper figures) and then waits for ``get_dataset_shard``
 calls that a run without Ray Datasets never makes. Its callback also copies Ray Data's
 ``DataContext`` to the workers, which only Ray Data reads. So a run without Ray
 Datasets leaves that callback out, and a run with them (``--ray-data``) keeps Ray's

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import pyarrow.fs as pafs
+from safetensors.torch import load_file
 
 from ray_ddp.checkpoint.format import HF_CONFIG_FILE, META_FILE, MODEL_FILE, TrainState
 from ray_ddp.checkpoint.load import load_checkpoint
@@ -43,14 +44,14 @@ def nudged(model):
     return model
 
 
-def write_ddp(run_dir, model, config=None):
+def write_ddp(run_dir, model, config=None, started_from=None):
     """A checkpoint as rank 0's writer writes it (``config``: the run's, as its meta.json
-    records it); its folder."""
+    records it; ``started_from``: the weights its first life started from); its folder."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     writer = CheckpointWriter(pafs.LocalFileSystem(), lambda name: str(run_dir / name))
     state = TrainState(epoch=1, step=10, rng=[{"torch": torch.get_rng_state()}])
-    snapshot = writer.snapshot(model, optimizer, {}, state, {"config": config or {"model": "hf"}}, STEP,
-                               final=True)
+    run = {"config": config or {"model": "hf"}, "started_from": started_from}
+    snapshot = writer.snapshot(model, optimizer, {}, state, run, STEP, final=True)
     writer.write(snapshot, STEP)
     return run_dir / STEP
 
@@ -245,15 +246,23 @@ def test_storage_that_is_not_the_local_disk_copies_the_config_too(tmp_path, monk
 LORA = "r=2,alpha=4,targets=c_attn"
 
 
-def lora_run(tmp_path, init_from):
+def lora_run(tmp_path, started_from, flag=None, spec=LORA):
     """A --lora GPT-2 run's checkpoint (base and adapters moved off their init, as an
-    --init-from base and training leave them), and the adapted model it holds."""
+    --init-from base and training leave them), and the adapted model it holds.
+    ``started_from``: the weights the run started from; ``flag``: the --init-from of the
+    command that wrote this checkpoint (a resume ignores it)."""
     from ray_ddp.models.lora import apply_lora
 
-    model = nudged(apply_lora(gpt2(), LORA, "the tiny GPT-2")).eval()
-    config = {"model": "hf:/models/gpt2", "lora": LORA, **({"init_from": init_from} if init_from else {})}
-    write_ddp(tmp_path / "runs" / "lora", model, config)
+    model = nudged(apply_lora(gpt2(), spec, "the tiny GPT-2")).eval()
+    config = {"model": "hf:/models/gpt2", "lora": spec, **({"init_from": flag} if flag else {})}
+    write_ddp(tmp_path / "runs" / "lora", model, config, started_from)
     return model
+
+
+def written_counts(line):
+    """The tensors and values an export's line says it wrote."""
+    tensors, values = line.split(": ", 1)[1].split(" -> ")[0].split(", ")
+    return int(tensors.split()[0]), int(values.split()[0].replace(",", ""))
 
 
 def test_a_lora_run_started_from_other_weights_exports_merged_or_is_refused_in_one_line(tmp_path, capsys):
@@ -262,7 +271,7 @@ def test_a_lora_run_started_from_other_weights_exports_merged_or_is_refused_in_o
     written), and with --merge it is the whole adapted model: a plain from_pretrained
     folder, no peft, whose forward is the run's model's."""
     pytest.importorskip("peft")
-    model = lora_run(tmp_path, "/runs/pretrain/step-00000050")
+    model = lora_run(tmp_path, "/runs/pretrain/step-00000050", flag="/runs/pretrain/step-00000050")
     out = tmp_path / "out"
     argv = ["export", "lora", "--storage", str(tmp_path / "runs"), "--format", "hf", "--out", str(out)]
     assert main(argv) == 2
@@ -271,8 +280,11 @@ def test_a_lora_run_started_from_other_weights_exports_merged_or_is_refused_in_o
     assert not out.exists()
 
     assert main(argv + ["--merge"]) == 0
-    assert "its LoRA adapters merged into the base" in capsys.readouterr().out
+    line = capsys.readouterr().out
+    assert "its LoRA adapters merged into the base" in line
     assert not any(name.startswith("adapter_") for name in os.listdir(out))
+    saved = load_file(str(out / "model.safetensors"))  # the tied lm_head once, as save_pretrained writes it
+    assert written_counts(line) == (len(saved), sum(t.numel() for t in saved.values()))
     loaded = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
     assert type(loaded).__name__ == "GPT2LMHeadModel" and not any(".lora_" in k for k in loaded.state_dict())
     ids = torch.randint(0, 64, (2, 8))
@@ -281,11 +293,46 @@ def test_a_lora_run_started_from_other_weights_exports_merged_or_is_refused_in_o
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_a_lora_run_from_hf_dirs_own_weights_exports_its_adapters(tmp_path):
+def test_a_resumed_lora_run_is_judged_by_where_its_first_life_started_not_its_last_command(tmp_path, capsys):
+    """A resume ignores --init-from: the run that started from other weights and was resumed
+    without the flag is refused still; one whose resume was given an ignored flag is not."""
     pytest.importorskip("peft")
-    lora_run(tmp_path, None)
+    lora_run(tmp_path, "/runs/pretrain/step-00000050", flag=None)
+    assert export_hf(tmp_path, "lora", tmp_path / "out") == 2
+    assert "(/runs/pretrain/step-00000050)" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("flag", [None, "/runs/pretrain/step-00000050"])
+def test_a_lora_run_from_hf_dirs_own_weights_exports_its_adapters(tmp_path, capsys, flag):
+    pytest.importorskip("peft")
+    lora_run(tmp_path, None, flag=flag)
+    capsys.readouterr()
     assert export_hf(tmp_path, "lora", tmp_path / "out") == 0
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(tmp_path / "out"))
+    saved = load_file(str(tmp_path / "out" / "adapter_model.safetensors"))
+    assert saved and all("lora_" in k for k in saved)
+    assert written_counts(capsys.readouterr().out) == (len(saved), sum(t.numel() for t in saved.values()))
+
+
+def test_an_adapter_on_a_tied_weight_exports_alone_and_merging_it_is_one_line(tmp_path, capsys):
+    """GPT-2's lm_head is its token embedding: its adapters export as peft loads them over
+    the base, but merged, the adapter would change both."""
+    peft = pytest.importorskip("peft")
+    model = lora_run(tmp_path, None, spec="r=2,alpha=4,targets=c_attn,lm_head")
+    assert export_hf(tmp_path, "lora", tmp_path / "adapters") == 0
+    base = gpt2()
+    base.load_state_dict({k.removeprefix("base_model.model.").replace(".base_layer", ""): v
+                          for k, v in model.state_dict().items() if ".lora_" not in k}, strict=False)
+    loaded = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapters")).eval()
+    ids = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    out = tmp_path / "out"
+    assert main(["export", "lora", "--storage", str(tmp_path / "runs"), "--format", "hf", "--out", str(out),
+                 "--merge"]) == 2
+    line = one_error_line(capsys)
+    assert "adapters on base_model.model.lm_head: its weight is also" in line and "wte.weight" in line
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("case", ["not a --lora run", "--format torch"])
@@ -299,3 +346,23 @@ def test_merge_where_there_is_nothing_to_merge_is_one_line(tmp_path, capsys, cas
     assert main(argv) == 2
     assert fragment in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing written"
+
+
+def test_where_a_run_started_is_planned_for_its_workers_across_resumes():
+    """The driver plans each life's record of where the run started: a new run's
+    --init-from; a resumed or restarted one's checkpoint's, whatever its command says."""
+    from ray_ddp.checkpoint.verify import CheckpointScan
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.driver.fit import plan_workers
+    from ray_ddp.driver.resolve import resolve
+
+    run = resolve(TrainConfig(), None)
+    assert plan_workers(run, CheckpointScan(), {}, init_from="/a/step-5").started_from == "/a/step-5"
+    resumed = CheckpointScan(latest=STEP, meta={"epoch": 1, "step": 10, "started_from": "/a/step-5",
+                                                "config": {}})
+    assert plan_workers(run, resumed, {}, init_from=None).started_from == "/a/step-5"
+    # a checkpoint from before started_from was recorded: its command's --init-from
+    older = CheckpointScan(latest=STEP, meta={"epoch": 1, "step": 10, "config": {"init_from": "/b"}})
+    assert plan_workers(run, older, {}).started_from == "/b"
+    assert plan_workers(run, CheckpointScan(latest=STEP, meta={"epoch": 1, "step": 10, "config": {},
+                                                               "started_from": None}), {}).started_from is None

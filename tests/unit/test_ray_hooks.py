@@ -53,3 +53,7 @@ def test_a_run_without_ray_datasets_starts_no_ray_data_actor_and_one_with_them_k
     assert ours == [k for k in rays if k is not DatasetsCallback]
     with_data = RayDdpTrainer(lambda: None, scaling_config=scaling, datasets={"train": lambda: None})
     assert kinds(with_data) == kinds(TorchTrainer(lambda: None, scaling_config=scaling, datasets={"train": lambda: None}))
+    # and fit() still takes its callbacks from the hook (else the override is never called)
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    assert "callbacks=self._create_default_callbacks()" in inspect.getsource(DataParallelTrainer.fit)
