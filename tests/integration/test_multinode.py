@@ -149,15 +149,24 @@ def finish(proc, log, timeout=300) -> dict:
     return json.loads([line for line in out.splitlines() if line.startswith('{"run"')][-1])
 
 
-def wait_for(predicate, what, proc, timeout=120):
+def wait_for(predicate, what, proc, timeout=120, log=None):
+    """``predicate()``'s first true value; a timeout or the training's end is an error that
+    carries the end of the training's ``log``, so that a failure in CI explains itself."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
-        assert proc.poll() is None, f"training ended while waiting for {what}"
+        assert proc.poll() is None, f"training ended while waiting for {what}{log_tail(log)}"
         time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what} ({timeout} s){log_tail(log)}")
+
+
+def log_tail(log, lines=40) -> str:
+    if log is None or not os.path.exists(log):
+        return ""
+    with open(log, errors="replace") as f:
+        return "; the training's log ends:\n" + "".join(f.readlines()[-lines:])
 
 
 def progress(run_dir) -> dict:
@@ -209,7 +218,9 @@ class Story:
         proc = start_training(cluster, storage, "story-spot", log, "--epochs", "2", "--max-failures", "1")
         try:
             # epoch 1's checkpoint, once Ray has it (the metrics table is written then)
-            wait_for(lambda: (run_dir / "metrics.parquet").exists(), "epoch 1's checkpoint", proc)
+            # 240 s: the story starts with the suite, beside the unit lane and three other
+            # stories on 2 cores (a CI run once took more than 120 s to this checkpoint)
+            wait_for(lambda: (run_dir / "metrics.parquet").exists(), "epoch 1's checkpoint", proc, 240, log)
             out["a_nodes"] = {r["rank"]: r["node_id"] for r in metrics_rows(run_dir)}
             cluster.kill_node("b")
             out["a"] = finish(proc, log)
@@ -222,7 +233,7 @@ class Story:
         proc = start_training(cluster, storage, "story-spot", log, "--epochs", "4", "--max-failures", "0")
         try:
             wait_for(lambda: progress(run_dir).get("world_size") == 2 and progress(run_dir)["step"] > 2 * STEPS,
-                     "run B on 2 workers", proc)
+                     "run B on 2 workers", proc, log=log)
             b_node = [n for n in ray_nodes(cluster) if not n["head"]][0]["id"]
             drain = cluster.run(["ray", "drain-node", "--address", cluster.address, "--node-id", b_node,
                                  "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
@@ -230,7 +241,7 @@ class Story:
             assert drain.returncode == 0, drain.stdout + drain.stderr
             noticed = time.time()
             out["event"] = wait_for(lambda: progress(run_dir).get("preemptions"), "the preemption checkpoint",
-                                    proc, timeout=30)[0]
+                                    proc, timeout=30, log=log)[0]
             out["notice_to_checkpoint_s"] = time.time() - noticed
             out["b_node"] = b_node
             # the cloud takes the machine 10 s into its 30 s notice, after the checkpoint:
