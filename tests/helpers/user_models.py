@@ -127,8 +127,11 @@ def nan_after_13() -> nn.Module:
 
 
 class SlowOnRankOne(torch.nn.Module):
-    """ToyModel whose forward pass takes 150 ms longer on rank 1: a straggler (at 5 steps a
-    report, 0.75 s a window over the other rank's few ms, however loaded the machine)."""
+    """ToyModel whose forward pass takes 300 ms longer on rank 1: a straggler (at 5 steps a
+    report, 1.5 s a window over the other rank's few ms). The warning needs 3 windows in a
+    row with rank 1 above 3x rank 0's busy time; on a loaded machine rank 0's few ms of
+    compute stretch to hundreds of wall-clock ms while a sleep does not, and at 150 ms a
+    CI run once saw no warning."""
 
     def __init__(self):
         super().__init__()
@@ -142,7 +145,7 @@ class SlowOnRankOne(torch.nn.Module):
         import torch.distributed as dist
 
         if dist.get_rank() == 1:
-            time.sleep(0.15)
+            time.sleep(0.3)
         return self.net2(self.relu(self.net1(x)))
 
 

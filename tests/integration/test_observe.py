@@ -65,7 +65,7 @@ def tensorboard_tags(run_dir) -> set[str]:
 
 
 def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(full_story, storage):
-    # full_run (conftest.py): rank 1 straggles, 150 ms more a forward; it is warned about
+    # full_run (conftest.py): rank 1 straggles, 300 ms more a forward; it is warned about
     # and named; TensorBoard gets the metrics; validation shows in the progress line; its
     # file:// URI holds its checkpoint, metrics and summary
     from ray_ddp.checkpoint.verify import find_latest_checkpoint
