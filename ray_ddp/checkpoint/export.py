@@ -99,10 +99,9 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
             raise ConfigError(f"checkpoint {dir_name} of run {run} is unusable: {problem}")
     files = meta["files"]
     what = f"checkpoint {dir_name} of run {run}"
-    lora = (meta.get("config") or {}).get("lora") if format == "hf" else None
+    config = meta.get("config") or {}
     if format == "hf":
-        check_lora_export(meta.get("config") or {}, started_from_of(meta), merge, what)
-    if format == "hf":
+        check_lora_export(config, started_from_of(meta), merge, what)
         if HF_CONFIG_FILE not in files:  # before the folder or the package: this is the mistake
             raise ConfigError(f"run {run}'s model is not a Hugging Face model (its checkpoint has no "
                               f"{HF_CONFIG_FILE}); use --format torch")
@@ -128,8 +127,8 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
                             format=format)
     if format == "hf":
         model = hf_export.build_hf_model(transformers, fields, what)
-        if lora:  # --lora's adapters: written as PeftModel.from_pretrained loads them over the base
-            model = apply_lora(model, lora, what)
+        if config.get("lora"):  # --lora's adapters: written as PeftModel.from_pretrained loads them over the base
+            model = apply_lora(model, config["lora"], what)
         hf_export.fill(model, state, what)
         if merge:  # base + scale * B @ A in every adapted layer: a plain model of the base's class
             hf_export.check_untied_adapters(model, what)
