@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from ray_ddp.errors import StorageError
 
+import contextlib
 import io
 import json
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -152,3 +155,21 @@ def read_table(fs: pafs.FileSystem, path: str) -> Optional[pa.Table]:
         return _with_retries("read", path, attempt)
     except FileNotFoundError:
         return None
+
+
+@contextlib.contextmanager
+def local_copy(fs: pafs.FileSystem, path: str, names: Optional[Sequence[str]] = None) -> Iterator[str]:
+    """The folder ``path`` of ``fs`` on the local disk: itself on a local filesystem, else
+    a temporary copy (of ``names`` only, if given), removed afterwards."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        yield path
+        return
+    tmp = tempfile.mkdtemp(prefix="ray_ddp_copy_")
+    try:
+        if names is None:
+            pafs.copy_files(path, tmp, source_filesystem=fs)
+        for name in names or ():
+            pafs.copy_files(f"{path}/{name}", os.path.join(tmp, name), source_filesystem=fs)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

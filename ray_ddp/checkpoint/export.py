@@ -14,13 +14,9 @@ A checkpoint that would need unpickling to read (pickled objects in model.pt, a
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
-import pyarrow.fs as pafs
+from typing import Optional
 import torch
 from ray_ddp.checkpoint.format import HF_CONFIG_FILE, META_FILE, MODEL_FILE, checkpoint_dir_name, started_from_of
 from ray_ddp.errors import CheckpointError
@@ -31,7 +27,7 @@ from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import read_model_state
 from ray_ddp.checkpoint import hf_export
 from ray_ddp.models.lora import apply_lora
-from ray_ddp.storage import read_json, resolve_storage
+from ray_ddp.storage import local_copy, read_json, resolve_storage
 
 
 @dataclass
@@ -115,7 +111,7 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     if sharded and DCP_METADATA not in files:
         raise ConfigError(f"{what} holds no model (neither {MODEL_FILE} nor shards)")
     names = list(files) if sharded else [MODEL_FILE] + ([HF_CONFIG_FILE] if format == "hf" else [])
-    with local_copy(store, f"{run_path}/{dir_name}", names) as folder:
+    with local_copy(store.fs, f"{run_path}/{dir_name}", names) as folder:
         try:
             state = read_model_state(folder) if sharded else load_tensors(os.path.join(folder, MODEL_FILE))
         except CheckpointError as err:  # the user's to act on: the CLI's one line and exit 2
@@ -161,19 +157,3 @@ def check_lora_export(config: dict, started_from: Optional[str], merge: bool, wh
                           f"({started_from}), not {config.get('model')}'s own: the adapters alone "
                           "would load over a base they were not trained with; pass --merge to write the "
                           "whole model with the adapters merged in")
-
-
-@contextlib.contextmanager
-def local_copy(store, path: str, names: list[str]) -> Iterator[str]:
-    """The checkpoint folder on the local disk: itself if the storage is local, else a
-    temporary copy of ``names``, removed afterwards."""
-    if store.is_local:
-        yield path
-        return
-    tmp = tempfile.mkdtemp(prefix="ray_ddp_export_")
-    try:
-        for name in names:
-            pafs.copy_files(f"{path}/{name}", os.path.join(tmp, name), source_filesystem=store.fs)
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

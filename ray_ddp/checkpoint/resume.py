@@ -4,9 +4,8 @@ or, after a restart within the run, the newer one Ray hands back. Runs on worker
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-import ray.train
 import torch
 from torch import nn
 
@@ -15,35 +14,33 @@ from ray_ddp.checkpoint.sharded import is_sharded_checkpoint
 from ray_ddp.checkpoint.verify import verify_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import CheckpointError
-from ray_ddp.storage import resolve_storage
+from ray_ddp.storage import local_copy, resolve_storage
 
 
 def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newest_at_start: Optional[str],
-                              strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
-                              stateful: dict) -> TrainState:
+                              latest: Optional[Any], strategy, model: nn.Module,
+                              optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
     """Load into the model, through the strategy that wrote it (bare under DDP, sharded in
     place under FSDP), the checkpoint the driver checked and announced (``resume_from``),
-    or, after a restart within this run, the newer one Ray hands back (newer than any that
-    existed when the run began); a fresh TrainState if neither. Every file is checked
-    against its meta.json (size and CRC-32) before it is loaded."""
+    or, after a restart within this run, the newer one Ray hands back (``latest``, used
+    when newer than any that existed when the run began); a fresh TrainState if neither.
+    Every file is checked against its meta.json (size and CRC-32) before it is loaded."""
     store = resolve_storage(cfg.storage)
     candidates = []
-    latest = ray.train.get_checkpoint()
     if latest is not None and _dir_name(latest.path) > (newest_at_start or ""):
-        candidates.append(latest)  # written by this run before a worker died
+        candidates.append((latest.path, latest.filesystem))  # written by this run before a worker died
     if resume_from is not None:
-        path = f"{store.run_path(cfg.name)}/{resume_from}"
-        candidates.append(ray.train.Checkpoint(path, store.fs))
+        candidates.append((f"{store.run_path(cfg.name)}/{resume_from}", store.fs))
     problems = []
-    for checkpoint in candidates:
-        with checkpoint.as_directory() as directory:
+    for path, fs in candidates:
+        with local_copy(fs, path) as directory:
             sharded = strategy.checkpoint_format == "sharded"
             problem = verify_checkpoint(directory, shards_by_size=sharded)
             if problem is None and is_sharded_checkpoint(directory) != sharded:  # (the driver refuses it first)
                 problem = f"not a checkpoint of --strategy {strategy.name}"
             if problem is None:
                 return strategy.load_checkpoint(directory, model, optimizer, stateful)
-        problems.append(f"{_dir_name(checkpoint.path)}: {problem}")
+        problems.append(f"{_dir_name(path)}: {problem}")
     if problems:
         raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))
     return TrainState()

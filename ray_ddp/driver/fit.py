@@ -31,12 +31,14 @@ from ray_ddp.observe.summarize import world_stretches
 def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConfig,
                     start: StartState, objects: dict[str, Any], echo: Callable[[str], None], *,
                     init_from: Optional[str] = None, model_loss: bool = False, tracking=None,
-                    ray_inputs=None) -> None:
+                    ray_inputs=None, fit: Optional[Callable[..., None]] = None) -> None:
     """TorchTrainer.fit() with progress shown, and status.json telling where it stands;
     started again from the newest checkpoint when ``failures`` says the run goes on.
     ``init_from``: a new run's first weights; ``model_loss``: batches hand the model its
     labels (WorkerPlan); ``tracking``: --mlflow's run; ``ray_inputs``: the trainer's Ray
-    Datasets, their DataConfig and the workers' RayDataConfig (data/ray_data.py)."""
+    Datasets, their DataConfig and the workers' RayDataConfig (data/ray_data.py);
+    ``fit``: what runs the workers, ``fit_on_ray`` (a TorchTrainer) unless the caller
+    brings its own (the tests' gloo harness: plain processes, for ray_ddp's own code)."""
     cfg = run.run_config()  # the options the run trains with (status.json shows them)
     run_path = run.folder.path
     scan = start.scan
@@ -56,7 +58,7 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
                             train_controller_env(nccl_hang_env(placement.backend, cfg.hang_timeout)):
                         plan = plan_workers(run, scan, objects, init_from, model_loss, monitor.actor,
                                             ray_inputs[2] if ray_inputs else None)
-                        _fit(cfg, store, placement, plan, objects, tracking, ray_inputs)
+                        (fit or fit_on_ray)(cfg, store, placement, plan, objects, tracking, ray_inputs)
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
                     told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())
                     events.extend(told)
@@ -156,8 +158,9 @@ def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:
     return f": {redo} step{'s' if redo != 1 else ''} to redo" if redo > 0 else ""
 
 
-def _fit(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
-         plan: WorkerPlan, objects: dict[str, Any], tracking=None, ray_inputs=None) -> None:
+def fit_on_ray(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+               plan: WorkerPlan, objects: dict[str, Any], tracking=None, ray_inputs=None) -> None:
+    """One TorchTrainer.fit() of the planned workers, its failure as a TrainingError."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig
 

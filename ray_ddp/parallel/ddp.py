@@ -25,10 +25,10 @@ class DDPStrategy(Strategy):
     def no_backward_sync(self, wrapped: nn.Module, sync: bool):
         return no_context() if sync else wrapped.no_sync()
 
-    def checkpoint_writer(self, storage, rank: int) -> Optional[CheckpointWriter]:
+    def checkpoint_writer(self, session, rank: int) -> Optional[CheckpointWriter]:
         if rank != 0:
             return None  # rank 0 saves the whole state
-        return CheckpointWriter(storage.storage_filesystem, storage.build_checkpoint_path_from_name)
+        return CheckpointWriter(session.fs, session.checkpoint_path)
 
     def load_checkpoint(self, directory, model, optimizer, stateful):
         return load_checkpoint(directory, model, optimizer, stateful)  # the whole model, on every rank

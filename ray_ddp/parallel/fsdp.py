@@ -49,8 +49,8 @@ class FSDPStrategy(Strategy):
     def autocast_dtype(self) -> Optional[torch.dtype]:
         return None
 
-    def checkpoint_writer(self, storage, rank: int) -> ShardedCheckpointWriter:
-        return ShardedCheckpointWriter(storage.storage_filesystem, storage.build_checkpoint_path_from_name, rank)
+    def checkpoint_writer(self, session, rank: int) -> ShardedCheckpointWriter:
+        return ShardedCheckpointWriter(session.fs, session.checkpoint_path, rank)
 
     def load_checkpoint(self, directory, model, optimizer, stateful):
         return load_sharded_checkpoint(directory, model, optimizer, stateful)  # each rank its own shards

@@ -57,8 +57,9 @@ class Strategy:
         """The dtype of the forward's autocast, None for none."""
         return _AMP_DTYPES.get(self.cfg.amp)
 
-    def checkpoint_writer(self, storage, rank: int):
-        """This rank's checkpoint writer, or None for a rank that writes nothing."""
+    def checkpoint_writer(self, session, rank: int):
+        """This rank's checkpoint writer (into the session's run storage: its ``fs`` and
+        ``checkpoint_path``), or None for a rank that writes nothing."""
         raise NotImplementedError
 
     def load_checkpoint(self, directory: str, model: nn.Module, optimizer: torch.optim.Optimizer,

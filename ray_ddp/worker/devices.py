@@ -1,18 +1,17 @@
-"""A worker's devices, from Ray, and its peak memory. Runs on workers."""
+"""A worker's devices, from its session (Ray's GPUs), and its peak memory. Runs on workers."""
 
 from __future__ import annotations
 
 import resource
 
-import ray.train.torch
 import torch
 
 from ray_ddp.config.train import TrainConfig
 
 
-def worker_devices(cfg: TrainConfig) -> list[torch.device]:
+def worker_devices(cfg: TrainConfig, session) -> list[torch.device]:
     """This worker's devices, from Ray; a two-stage model on one device uses it twice."""
-    devices = list(ray.train.torch.get_devices()) if cfg.gpus_per_worker else [torch.device("cpu")]
+    devices = session.gpus() if cfg.gpus_per_worker else [torch.device("cpu")]
     if devices[0].type == "cuda":
         torch.cuda.set_device(devices[0])  # collectives of this process use this GPU
     if cfg.model == "toy-mp" and len(devices) == 1:

@@ -7,8 +7,9 @@ devices. ``train_loop_per_worker`` reads the driver's WorkerPlan, builds the par
 it, each component decides whether it is time: the metrics window (every
 ``--report-every`` steps and at an epoch's end), validation (with ``--early-stop``, also
 whether the run ends after this epoch), the checkpoint, a node's preemption. Every rank
-calls ``ray.train.report`` at exactly the same steps: report() is a barrier. The loop
-never branches on DDP versus FSDP: it calls the strategy.
+reports at exactly the same steps: Ray's report is a barrier. The loop never branches on
+DDP versus FSDP: it calls the strategy; and it meets Ray only through its session
+(``worker/session.py``), so ``run_worker`` also runs in the tests' plain gloo groups.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-import ray
-import ray.train
 import torch
 import torch.distributed as dist
 
@@ -45,19 +44,31 @@ from ray_ddp.worker.window import WindowState, window_row
 
 
 def train_loop_per_worker(plan: WorkerPlan) -> None:
+    """What TorchTrainer runs on each worker: the run, in Ray Train's session."""
     started_at = time.time()  # reported once: where the start-up seconds went
-    ctx = ray.train.get_context()
-    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    # here, not at the top: the session imports Ray Train, which a loop run in the tests'
+    # plain gloo groups (with a session of their own) never needs
+    from ray_ddp.worker.session import RayTrainSession
+
+    run_worker(plan, RayTrainSession(), started_at)
+
+
+def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) -> None:
+    """One worker's whole run, from the plan: the parts built, the checkpoint loaded, the
+    epochs trained. ``session``: this rank, its reports and checkpoints (worker/session.py)."""
+    started_at = started_at or time.time()
+    rank, world_size = session.rank, session.world_size
     cfg = plan.run.run_config()  # the options the run trains with
     # an elastic run gets its world size from Ray at each (re)start: the fixed global
     # batch is cut into micro-batches and accumulation steps for this one
     cut = plan.run.batch.cut(world_size)
     objects = plan.load_objects()
-    devices = worker_devices(cfg)
+    devices = worker_devices(cfg, session)
     # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
     # follows the CPUs it asked for, but torch may have read it before)
     torch.set_num_threads(cfg.cpus_per_worker or 1)
-    parts, state = build_parts(cfg, plan, build_strategy(cfg), devices, objects.get("model"))
+    parts, state = build_parts(cfg, plan, build_strategy(cfg), devices, objects.get("model"),
+                               session.latest_checkpoint())
     loaded_hash = weights_hash(parts.model) if state.step else None  # every rank loaded the same
     if len(state.rng) == world_size:
         restore_rng(state.rng[rank], devices)
@@ -68,9 +79,9 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
     task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
                       model_loss=plan.model_loss and takes_keyword(parts.model, "labels"))
     source, val_set = build_inputs(cfg, cut, rank, devices[0], objects, plan.ray_data)
-    heartbeat = Heartbeat(plan.hang_watch, rank, ray.get_runtime_context().get_node_id(),
-                          ray.util.get_node_ip_address(), min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step)
-    run = WorkerRun(plan, cut, rank, parts, task, source, val_set, state,
+    heartbeat = Heartbeat(plan.hang_watch, rank, session.node_id, session.node_ip,
+                          min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step)
+    run = WorkerRun(plan, cut, session, parts, task, source, val_set, state,
                     {"loaded_hash": loaded_hash, "started_at": started_at}, heartbeat)
     try:
         run.train()
@@ -87,22 +98,22 @@ def train_loop_per_worker(plan: WorkerPlan) -> None:
 class WorkerRun:
     """One worker's training run: epochs of steps, closed into metrics windows."""
 
-    def __init__(self, plan: WorkerPlan, cut: BatchCut, rank: int, parts: TrainParts, task: Task, source,
+    def __init__(self, plan: WorkerPlan, cut: BatchCut, session, parts: TrainParts, task: Task, source,
                  val_set, state, first_report: dict, heartbeat: Heartbeat):
         cfg = plan.run.run_config()
-        self.cfg, self.cut, self.rank, self.world_size = cfg, cut, rank, cut.world
+        rank = session.rank
+        self.cfg, self.cut, self.rank, self.world_size, self.session = cfg, cut, rank, cut.world, session
         self.parts, self.task, self.source, self.state = parts, task, source, state
         self.total_steps = plan.total_steps
         # what each checkpoint says the run is: the user's intent and the plan, apart
         self.run_record = {"config": plan.run.config.to_dict(), "plan": plan.run.planned(),
                            "started_from": plan.started_from}
-        self.node_rank = ray.train.get_context().get_node_rank()
-        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node_rank, self.node_id = session.node_rank, session.node_id
         self.first_report: Optional[dict] = first_report  # extra columns of the first row only
         device = parts.devices[0]
         collective = device if dist.get_backend() == "nccl" else torch.device("cpu")
-        self.reporter = Reporter(rank, cut.world, cfg.report_interval, collective,
-                                 parts.strategy.checkpoint_writer(ray.train.get_context().get_storage(), rank))
+        self.reporter = Reporter(session, cfg.report_interval, collective,
+                                 parts.strategy.checkpoint_writer(session, rank))
         self.heartbeat = heartbeat
         self.profile = ProfileState(cfg.profile, rank, cfg.storage, cfg.name, device)
         self.validator = Validator(cfg, val_set, task, parts, rank, cut.world, collective,
@@ -168,7 +179,7 @@ class WorkerRun:
                 poisoned = not weights_are_finite(model)
         due, check, bad_loss, bad_weights = self.reporter.agree(bool(self.window.loss_bad.item()), poisoned)
         raise_if_not_finite(epoch, self.state.step, bad_loss, bad_weights)
-        notice = self.preemptions.new_notice() if check else None  # the same on every rank
+        notice = self.preemptions.new_notice(self.session) if check else None  # the same on every rank
         if notice is not None and not save:
             with self.heartbeat.meant_wait():
                 save = self._all_weights_finite()  # never checkpoint poisoned weights, even now

@@ -53,12 +53,13 @@ class TrainParts:
 
 
 def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices: list[torch.device],
-                given_model: Any) -> tuple[TrainParts, TrainState]:
+                given_model: Any, latest_checkpoint: Any = None) -> tuple[TrainParts, TrainState]:
     """The model on the strategy's devices, set up for the ranks, its optimizer, schedule
     and scaler, and the checkpoint loaded into them (``TrainState()`` for a new run).
     The same seed on every rank gives the same initial weights (DDP also broadcasts rank
     0's at wrap time); the checkpoint, loaded into the bare model after wrapping (the
-    parameters are the same tensors), makes them the saved ones."""
+    parameters are the same tensors), makes them the saved ones: the plan's, or
+    ``latest_checkpoint``, the one Ray hands back after a restart within the run."""
     torch.manual_seed(cfg.seed)
 
     weights = read_init_weights(plan.init_from) if plan.init_from is not None else None
@@ -77,8 +78,8 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     scaler = torch.amp.GradScaler(devices[0].type, enabled=cfg.amp == "fp16")
     parts = TrainParts(model, wrapped, torch.compile(wrapped) if cfg.compile else wrapped,
                        optimizer, scheduler, scaler, devices, strategy)
-    state = load_checkpoint_to_resume(cfg, plan.resume_from, plan.newest_at_start, strategy, model, optimizer,
-                                      parts.stateful())
+    state = load_checkpoint_to_resume(cfg, plan.resume_from, plan.newest_at_start, latest_checkpoint, strategy,
+                                      model, optimizer, parts.stateful())
     return parts, state
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-import ray.train
-
 # When a drain names no deadline, Ray restarts the run this long after the notice
 # (ray.train.v2 DEFAULT_PREEMPTION_DEADLINE_S).
 DEFAULT_PREEMPTION_WAIT_S = 120.0
@@ -22,16 +20,16 @@ class PreemptionState:
     def __init__(self) -> None:
         self.seen: set[tuple[str, ...]] = set()
 
-    def new_notice(self) -> Optional[dict]:
+    def new_notice(self, session) -> Optional[dict]:
         """A new preemption of a node of this run, as metrics columns (the preempted
-        nodes and the deadline, in seconds since the epoch), or None. Asked of Ray on
-        every rank at once (a barrier)."""
-        info = ray.train.get_preemption_info()
-        if info is None or tuple(info.preempted_node_ids) in self.seen:
+        nodes and the deadline, in seconds since the epoch), or None. Asked of the
+        session on every rank at once (a barrier through Ray)."""
+        info = session.preemption()
+        if info is None or info.node_ids in self.seen:
             return None
-        self.seen.add(tuple(info.preempted_node_ids))
+        self.seen.add(info.node_ids)
         deadline = info.deadline_ms / 1000 if info.deadline_ms else time.time() + DEFAULT_PREEMPTION_WAIT_S
-        return {"preempted_node": ",".join(info.preempted_node_ids), "preemption_deadline": deadline}
+        return {"preempted_node": ",".join(info.node_ids), "preemption_deadline": deadline}
 
 
 def wait_for_restart(deadline: float) -> None:

@@ -8,17 +8,16 @@ the ``Reporter`` holds them and sends them together when a checkpoint is due, or
 ``report_interval`` has passed. A report is a barrier, so every rank takes the same
 decision: the loop agrees on it in one all-reduce per window (``agree``), which also
 carries each rank's non-finite flags, and whether to ask Ray if a node is being
-preempted (``ray.train.get_preemption_info`` is a barrier through Ray, so it is asked
-at window ends, at most every PREEMPTION_CHECK_S seconds, never per step).
+preempted (a barrier through Ray, so it is asked at window ends, at most every
+PREEMPTION_CHECK_S seconds, never per step). Reports go through the worker's session
+(``worker/session.py``).
 
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from typing import Any
-import ray.train
 import torch
 import torch.distributed as dist
 from ray_ddp.checkpoint.format import capture_rng, checkpoint_dir_name
@@ -33,8 +32,9 @@ PREEMPTION_CHECK_S = 1.0
 class Reporter:
     """Batches this rank's closed windows to Ray; rank 0 also hands Ray its checkpoints."""
 
-    def __init__(self, rank: int, world_size: int, report_interval: float, collective_device, writer):
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, session, report_interval: float, collective_device, writer):
+        self.session = session
+        self.rank, self.world_size = session.rank, session.world_size
         self.report_interval = report_interval
         self.collective_device = collective_device  # where a tensor for the backend lives
         self.unsent: list[dict[str, Any]] = []
@@ -66,36 +66,25 @@ class Reporter:
         self.unsent.append(row)
 
     def send(self) -> None:
-        ray.train.report(self._payload(), checkpoint=None)
+        self.session.report(self._payload())
 
     def send_with_checkpoint(self, parts, state, run: dict[str, Any], final: bool = False) -> None:
         """Save a checkpoint and report it; every rank reports. Training waits only for a
-        copy of the state in host memory: Ray's upload thread (ASYNC) then writes the
-        files straight into run storage while training goes on. Who writes what is the
+        copy of the state in host memory: Ray's upload thread then writes the files
+        straight into run storage while training goes on. Who writes what is the
         strategy's writer's (DDP: rank 0 the whole state; FSDP: every rank its shards,
-        and the last checkpoint, ``final``, also the whole model in model.pt). Ray needs a local
-        folder to hand the upload thread (an empty one here, which it deletes); it keeps
-        reports in order, so checkpoints land in order and each is whole before it counts."""
+        and the last checkpoint, ``final``, also the whole model in model.pt)."""
         rng = [None] * self.world_size
         dist.all_gather_object(rng, capture_rng(parts.devices))  # every rank's RNG goes into the file
         state.rng = rng
         name = checkpoint_dir_name(state.step)
         if self.writer is None:  # a rank that writes nothing (DDP's ranks other than 0)
-            ray.train.report(self._payload(), checkpoint=None, checkpoint_dir_name=name)
+            self.session.report(self._payload(), checkpoint_name=name)
             return
         writer = self.writer
         snapshot = writer.snapshot(parts.model, parts.optimizer, parts.stateful(), state, run, name, final)
-
-        def write_to_storage(_local: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
-            return ray.train.Checkpoint(writer.write(snapshot, dir_name), writer.fs)
-
-        ray.train.report(
-            self._payload(),
-            checkpoint=ray.train.Checkpoint.from_directory(tempfile.mkdtemp(prefix="ray_ddp_ckpt_")),
-            checkpoint_dir_name=name,
-            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
-            checkpoint_upload_fn=write_to_storage,
-        )
+        self.session.report(self._payload(), checkpoint_name=name,
+                            write=lambda dir_name: writer.write(snapshot, dir_name))
 
     def _payload(self) -> dict[str, Any]:
         """The newest row at the top (Ray keeps it with a checkpoint), older unsent rows
