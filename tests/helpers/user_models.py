@@ -210,8 +210,7 @@ def inf_grad_at_step_10() -> nn.Module:
 
 class DictBatchNormNet(nn.Module):
     """A user's model whose forward takes a dict ({"x": features, "bias": per-row offset})
-    and holds BatchNorm (1d and 2d); it takes ~0.05 s a step and leaves its pid like
-    SlowToy, so a test can kill a worker mid-run."""
+    and holds BatchNorm (1d and 2d)."""
 
     def __init__(self):
         super().__init__()
@@ -219,15 +218,8 @@ class DictBatchNormNet(nn.Module):
         self.bn2d = nn.BatchNorm2d(1)  # over the 16 features seen as a 1x4x4 image
         self.bn = nn.BatchNorm1d(16)
         self.out = nn.Linear(16, 5)
-        self._pid_written = False
 
     def forward(self, batch):
-        if not self._pid_written:
-            _write_pid()
-            self._pid_written = True
-        import time
-
-        time.sleep(0.05)
         h = self.bn2d(self.inp(batch["x"]).view(-1, 1, 4, 4)).flatten(1)
         return self.out(torch.relu(self.bn(h))) + batch["bias"].unsqueeze(1)
 

@@ -12,6 +12,7 @@ import pytest
 from ray_ddp import run
 
 from ._runs import rows_of, small
+from gloo_run import train_in_gloo
 
 pytestmark = pytest.mark.ray
 
@@ -68,17 +69,19 @@ def test_a_user_dataset_is_sharded_and_trained(unresized):
 def resized(ray_local, storage, same_rows_as_parquet, unresized):
     """The reference run's epoch 1 at 2 workers, then epoch 2 on the in-memory rows on 1
     worker (2 -> 1) and epoch 3 on 2 again (1 -> 2), reading the reference's Dataset with
-    2 DataLoader processes per rank (--loader-workers 2), the global batch 100 throughout."""
+    2 DataLoader processes per rank (--loader-workers 2), the global batch 100 throughout.
+    Epoch 2 is ray_ddp's own arithmetic (a resume's cut at another world size): it runs
+    in a plain gloo process (tests/helpers/gloo_run.py); epochs 1 and 3 on Ray."""
     name = "resized-in-memory"
     # epoch 1 at 2 workers: the reference run as it stood then (its folder, later checkpoints gone)
     shutil.copytree(storage / "user-dataset", storage / name)
     for step in ("step-00000012", "step-00000018"):
         shutil.rmtree(storage / name / step)
     (storage / name / "checkpoint_manager_snapshot.json").unlink()
-    for epochs, workers, data in ((2, 1, dict(data=same_rows_as_parquet)),
-                                  (3, 2, dict(dataset="user_data:regression", loader_workers=2))):
-        summary = run(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,
-                            warmup_steps=0, **data))
+    for epochs, workers, data, train in ((2, 1, dict(data=same_rows_as_parquet), train_in_gloo),
+                                         (3, 2, dict(dataset="user_data:regression", loader_workers=2), run)):
+        summary = train(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,
+                              warmup_steps=0, **data))
     return summary
 
 

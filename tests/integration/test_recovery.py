@@ -1,5 +1,8 @@
 """What survives what: an interrupted driver, torn checkpoints, NaN loss (killed workers:
-test_faults.py, at each moment of a run)."""
+test_faults.py, at each moment of a run). The checks of ray_ddp's own arithmetic (weights
+made infinite, BatchNorm statistics, a bit-identical resume past broken checkpoints) run
+in plain gloo process groups (tests/helpers/gloo_run.py); the interrupted driver, the
+driver's other error and the NaN loss run on Ray."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from ray_ddp.observe.runs import list_runs
 from ray_ddp.storage import resolve_storage
 
 from ._runs import final_hashes, rows_of, small
+from gloo_run import train_in_gloo
 from user_models import gate_path
 
 pytestmark = pytest.mark.ray
@@ -80,10 +84,10 @@ def test_interrupted_driver_then_same_command_matches(full_run, storage, ray_add
     assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
 
 
-def test_weights_made_infinite_by_an_epochs_last_step_are_never_checkpointed(ray_local, storage):
+def test_weights_made_infinite_by_an_epochs_last_step_are_never_checkpointed(storage):
     name = "inf-weights"
     with pytest.raises(TrainingError) as err:  # the loss of step 10 is finite; its update is not
-        run(small(storage, name, model="user_models:inf_grad_at_step_10", clip_grad=0.0))
+        train_in_gloo(small(storage, name, model="user_models:inf_grad_at_step_10", clip_grad=0.0))
     assert ("weights became non-finite (NaN or inf) on ranks 0, 1 in epoch 1 by step 10; no "
             "checkpoint holds them") in str(err.value)
     assert not list((storage / name).glob("step-*")), "no checkpoint was written"
@@ -131,9 +135,9 @@ USER_MODEL = dict(model="user_models:dict_batchnorm_net", dataset="user_data:dic
 
 
 @pytest.fixture(scope="module")
-def user_model_run(ray_local, storage):
+def user_model_run(storage):
     """4 uninterrupted epochs of 12 steps: the run the interrupted ones must match."""
-    return run(small(storage, "user-model-full", **USER_MODEL))
+    return train_in_gloo(small(storage, "user-model-full", **USER_MODEL))
 
 
 def test_every_rank_validates_and_hashes_rank_0s_batchnorm_statistics(user_model_run):
@@ -157,7 +161,7 @@ def test_broken_checkpoints_are_skipped_and_a_batchnorm_model_resumes_bit_identi
     flipped[len(flipped) // 2] ^= 0xFF  # the right size, one byte flipped: only the CRC-32 tells
     (storage / name / "step-00000036" / MODEL_FILE).write_bytes(bytes(flipped))
 
-    resumed = run(small(storage, name, **{**USER_MODEL, "quiet": False}))
+    resumed = train_in_gloo(small(storage, name, **{**USER_MODEL, "quiet": False}), echo=print)
     out = capsys.readouterr().out
     assert (f"warning: checkpoint step-00000048 of run {name} is unusable: model.pt has 100 bytes, "
             f"{len(data)} were written; resuming from step-00000024 instead") in out

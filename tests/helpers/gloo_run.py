@@ -1,0 +1,166 @@
+"""ray_ddp's run without Ray: the driver's own planning and bookkeeping, and the real
+worker loop in plain gloo process groups. For checks of ray_ddp's own code (the loss and
+batch arithmetic, a resume's exactness, the non-finite checks), at a fraction of a Ray
+Train run's CPU: no controller, no helper actors, no Ray worker processes.
+
+``train_in_gloo(cfg, ...)`` does what ``ray_ddp.run`` does (check the config and the
+data, find where to start, announce, ``fit_with_status``, write the summary), except
+that ``fit_with_status`` is given ``fit_on_gloo`` instead of Ray Train's TorchTrainer:
+``cfg.workers`` spawned processes on loopback, each running ``run_worker`` (worker/loop.py)
+with a ``GlooSession`` (the harness's side of worker/session.py), and this process
+handing each round of reports (one per rank) to ray_ddp's MetricsCallback, as Ray Train's
+controller does. Checkpoints are written by the strategy's writer into the run folder,
+before the report (Ray uploads them meanwhile). What is Ray's stays with the real-Ray
+tests: placement, restarts, retention (``--keep``), preemption, Ray Data, the hang watch
+(``--hang-timeout`` is 0 here) and GPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import socket
+import time
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ray_ddp.cluster.placement import plan_placement
+from ray_ddp.data.plan import check_row_targets, inspect_data
+from ray_ddp.driver.fit import fit_with_status
+from ray_ddp.driver.resolve import resolve
+from ray_ddp.driver.run import announce, check_config, open_storage
+from ray_ddp.driver.start import find_start
+from ray_ddp.driver.summary import RunSummary, write_summary
+from ray_ddp.errors import TrainingError
+from ray_ddp.models.build import model_stages
+from ray_ddp.storage import resolve_storage
+
+RANK_TIMEOUT_S = 300.0  # the longest a rank may go without a report
+
+
+def train_in_gloo(cfg, echo: Callable[[str], None] = lambda line: None, *, model: Any = None,
+                  train_data: Any = None, val_data: Any = None, loss: Any = None,
+                  collate: Any = None) -> RunSummary:
+    """``ray_ddp.run(cfg)`` on ``cfg.workers`` gloo processes of this machine, no Ray."""
+    started = time.time()
+    objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss, "collate": collate}
+    cfg = check_config(dataclasses.replace(cfg, hang_timeout=0), objects)
+    data_shape = inspect_data(cfg, train_data, val_data)
+    check_row_targets(data_shape, loss is not None or cfg.loss is not None)
+    store = open_storage(cfg)
+    start = find_start(resolve(cfg, data_shape).run_config(), store, data_shape, echo)
+    placement = plan_placement(int(cfg.workers), 0, "gloo", [], stages=model_stages(cfg.model),
+                               cpus_per_worker=cfg.cpus_per_worker)
+    plan = resolve(cfg, data_shape, placement, store)
+    announce(plan, placement, start, store, echo)
+    marks = {"process": started, "run": started, "attach": time.time(), "ray": time.time(), "fit": time.time()}
+    fit_with_status(plan, store, placement, start, objects, echo,
+                    init_from=cfg.init_from if start.resumed_from is None else None,
+                    model_loss=data_shape is not None and data_shape.hands_labels and loss is None,
+                    fit=fit_on_gloo)
+    marks["fitted"] = time.time()
+    return write_summary(plan.run_config(), store, placement, start.resumed_from, started, marks,
+                         start.scan.meta)
+
+
+def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=None) -> None:
+    """fit_with_status's ``fit``: the planned workers as spawned gloo processes, their
+    reports handed to ray_ddp's MetricsCallback a round at a time; a rank's exception
+    ends the fit as a TrainingError naming the rank, as Ray Train's does."""
+    import ray.train  # the callback's checkpoint argument (no Ray is started)
+
+    from ray_ddp.observe.callback import MetricsCallback
+
+    assert ray_inputs is None, "Ray Data runs on Ray only"
+    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps, tensorboard=cfg.tensorboard,
+                              keep=cfg.keep, keep_best=cfg.keep_best, tracking=tracking)
+    world = placement.workers
+    ctx = mp.get_context("spawn")
+    reports = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, plan, reports), daemon=True)
+             for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    sent: list[list] = [[] for _ in range(world)]  # each rank's (metrics, checkpoint path), in order
+    handed, done, last = 0, 0, time.monotonic()
+    try:
+        while done < world:
+            try:
+                kind, rank, payload = reports.get(timeout=1.0)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:
+                    raise TrainingError(f"training failed on rank {dead[0]}: its process exited "
+                                        f"with {procs[dead[0]].exitcode}") from None
+                if time.monotonic() - last > RANK_TIMEOUT_S:
+                    raise TrainingError(f"no report in {RANK_TIMEOUT_S:.0f} s") from None
+                continue
+            last = time.monotonic()
+            if kind == "error":
+                raise TrainingError(f"training failed on rank {rank}: {payload}")
+            if kind == "done":
+                done += 1
+                continue
+            sent[rank].append(payload)
+            while all(len(s) > handed for s in sent):  # a round: every rank's report
+                path = next((p for _, p in (s[handed] for s in sent) if p), None)
+                metrics.after_report(None, [s[handed][0] for s in sent],
+                                     ray.train.Checkpoint(path, store.fs) if path else None)
+                handed += 1
+    finally:
+        for proc in procs:
+            proc.join(timeout=0 if done < world else 30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+class GlooSession:
+    """worker/session.py's session for a rank of the harness: its rank and the run's
+    storage from the plan, a report put on the harness's queue (after this rank's
+    checkpoint is written, at once) and a barrier, as Ray's report is one."""
+
+    node_rank, node_id, node_ip = 0, "gloo", "127.0.0.1"
+
+    def __init__(self, rank: int, world_size: int, plan, reports):
+        store = resolve_storage(plan.run.config.storage)
+        run_path = store.run_path(plan.run.config.name)
+        self.rank, self.world_size, self.reports = rank, world_size, reports
+        self.fs, self.checkpoint_path = store.fs, lambda name: f"{run_path}/{name}"
+
+    def gpus(self) -> list[torch.device]:
+        raise AssertionError("the gloo harness has no GPUs")
+
+    def latest_checkpoint(self) -> Optional[Any]:
+        return None  # no restarts within a fit here
+
+    def preemption(self) -> None:
+        return None
+
+    def report(self, metrics: dict, checkpoint_name: Optional[str] = None, write=None) -> None:
+        path = write(checkpoint_name) if write is not None else None
+        self.reports.put(("report", self.rank, (metrics, path)))
+        dist.barrier()
+
+
+def _rank_main(rank: int, world: int, port: int, plan, reports) -> None:
+    from ray_ddp.worker.loop import run_worker
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        run_worker(plan, GlooSession(rank, world, plan, reports))
+        reports.put(("done", rank, None))
+    except BaseException as err:
+        reports.put(("error", rank, f"{type(err).__name__}: {err}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
