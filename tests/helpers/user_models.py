@@ -93,7 +93,10 @@ def _pid_folder(run: str) -> str:
 def _write_pid():
     import ray.train
 
-    ctx = ray.train.get_context()
+    try:
+        ctx = ray.train.get_context()
+    except RuntimeError:  # not a Ray Train worker (tests/helpers/gloo_run.py): none to kill
+        return
     folder = _pid_folder(ctx.get_experiment_name())
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"{ctx.get_world_rank()}.pid"), "w") as f:

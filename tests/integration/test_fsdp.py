@@ -1,6 +1,7 @@
 """FSDP on real Ray workers (2 gloo ranks): sharded checkpoints that survive a killed
-worker bit for bit, resume on another world size, and export to a plain model.pt (and,
-in plain gloo process groups, load exactly on 1 and on 3 ranks)."""
+worker bit for bit and export to a plain model.pt; in plain gloo process groups (no Ray:
+resharding is ray_ddp's and DCP's), a resume on another world size and exact loads on 1
+and on 3 ranks."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ray_ddp.models.builtin import GPT
 from ray_ddp.checkpoint.sharded import read_model_state
 
 from ._runs import final_hashes, rows_of, run_in_thread, small, summary_of
+from gloo_run import train_in_gloo
 from .test_recovery import progress_step, wait_for
 from .test_train import HEADER
 
@@ -95,7 +97,7 @@ def test_a_checkpoint_of_2_ranks_resumes_on_1(fsdp_runs, storage, text):
     shutil.copytree(storage / "fsdp-gpt", storage / name)
     shutil.rmtree(storage / name / "step-00000024")  # leave step-18 (epoch 3) the newest
     (storage / name / "checkpoint_manager_snapshot.json").unlink()  # Ray's list of the removed
-    summary = run(config(storage, name, text, workers=1))
+    summary = train_in_gloo(config(storage, name, text, workers=1))
     assert summary.resumed_from.endswith("step-00000018") and summary.epochs_completed == 4
     new_rows = [r for r in rows_of(summary) if r["step"] > 18]
     assert {(r["world_size"], r["rank"]) for r in new_rows} == {(1, 0)}
@@ -105,9 +107,7 @@ def test_a_checkpoint_of_2_ranks_resumes_on_1(fsdp_runs, storage, text):
 
 
 def test_a_sharded_checkpoint_of_2_ranks_loads_exactly_on_1_and_on_3():
-    # ray_ddp's sharded checkpoint, written and loaded in plain gloo process groups (no
-    # Ray: resharding is ray_ddp's and DCP's; the resume through Ray is the test above):
-    # 3 ranks shard the 2 ranks' tensors unevenly, and each ends with their weights and
+    # ray_ddp's sharded checkpoint, written and loaded in plain gloo process groups: 3 ranks shard the 2 ranks' tensors unevenly, and each ends with their weights and
     # AdamW's state
     from dist_matrix import load_a_sharded_checkpoint, run_on_ranks, write_a_sharded_checkpoint
 

@@ -1,6 +1,7 @@
 """Hugging Face models as people bring them (built from configs: nothing is downloaded):
 a GPT-2 with its own loss, a BERT classifier from a save_pretrained folder through
-``--model hf:DIR`` on padded dict batches, ``--init-from``, ``--format hf`` export, and
+``--model hf:DIR`` on padded dict batches, ``--init-from`` (ray_ddp's own loading of the
+weights: in a plain gloo process, tests/helpers/gloo_run.py), ``--format hf`` export, and
 LoRA's run, which also holds the exactness of a model's own loss over ranks and
 accumulation steps on ragged rows (against one plain process)."""
 
@@ -15,6 +16,7 @@ import torch
 
 from ray_ddp import TrainConfig, run
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE
+from gloo_run import train_in_gloo
 
 pytest.importorskip("transformers")  # the [hf] extra; .ci/run installs it with [test]
 pytestmark = pytest.mark.ray
@@ -68,7 +70,8 @@ def test_init_from_starts_where_another_run_ended(gpt2_run, storage):
     cfg = TrainConfig(workers=1, epochs=1, steps_per_epoch=2, batch_size=32, optimizer="adamw", lr=1e-4,
                       report_every=1, storage=str(storage), name="hf-gpt2-init", quiet=True,
                       init_from=_local(gpt2_run.checkpoint))
-    summary = run(cfg, model=gpt2, train_data=CausalText(64, seed=0), val_data=CausalText(128, seed=1))
+    # ray_ddp's own loading of the weights (models/init.py), in a plain gloo process, no Ray
+    summary = train_in_gloo(cfg, model=gpt2, train_data=CausalText(64, seed=0), val_data=CausalText(128, seed=1))
     # a fresh GPT-2 starts near ln(64) = 4.2; this one starts where the other ended
     assert summary.val_loss < gpt2_run.val_loss + 0.1 and summary.val_loss < 3.0
     # and its checkpoints say so (what a --lora run's export asks: checkpoint/export.py)

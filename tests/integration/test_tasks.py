@@ -1,7 +1,9 @@
-"""Real tasks on real Ray: a classifier with validation and an LR schedule, a language
-model on real text, and models whose forward skips parameters (what the step makes of one
-without the flag: ray_ddp's own step in plain gloo process groups, no Ray; with the flag,
-test_trust.py's run of the Python API's objects defined only in the calling code)."""
+"""Real tasks: a classifier with validation and an LR schedule, a language model on real
+text, and models whose forward skips parameters. The tasks are ray_ddp's own arithmetic,
+so they train in plain gloo process groups, no Ray (tests/helpers/gloo_run.py; the same
+path on Ray: test_hf.py's GPT-2 and test_trust.py's run). What the step makes of a forward
+that skips parameters without the flag: ray_ddp's own step on 2 gloo ranks; with the flag,
+test_trust.py's run of the Python API's objects defined only in the calling code."""
 
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ray_ddp import run
 from ray_ddp.data.synth_files import write_synthetic
 from ray_ddp.models.builtin import build_mlp
 
 from ._runs import rows_of, small
+from gloo_run import train_in_gloo
 
 pytestmark = pytest.mark.ray
 
@@ -35,7 +37,7 @@ def model_weights(summary):
 
 
 def test_classifier_learns_follows_its_schedule_validates_every_row_once_on_3_workers_and_keeps_the_best(
-        ray_local, storage, classes, tmp_path):
+        storage, classes, tmp_path):
     # (that 3 workers x 64 rows x 2 accumulation steps learn what 1 x 384 learns, the
     # cross-entropy being the exact mean over the global batch however it is cut, is
     # test_loss_matrix.py's, against one plain process)
@@ -48,7 +50,7 @@ def test_classifier_learns_follows_its_schedule_validates_every_row_once_on_3_wo
     val = tmp_path / "val.parquet"
     pq.write_table(table.set_column(table.schema.get_field_index("t0"), "t0", pa.array(shuffled.numpy())), val)
 
-    summary = run(small(storage, "cls-3x64x2", workers=3, batch_size=64, grad_accum=2, data=classes,
+    summary = train_in_gloo(small(storage, "cls-3x64x2", workers=3, batch_size=64, grad_accum=2, data=classes,
                         val_data=str(val), model="mlp", width=32, depth=1, epochs=2, optimizer="adamw", lr=0.05,
                         warmup_steps=4, schedule="cosine", report_every=1, keep=1, keep_best=True))
     # 3000 rows a step of 3 x 64 x 2 = 384: 7 whole steps and one of the 312 left, an epoch
@@ -97,8 +99,8 @@ def text(tmp_path_factory):
     return folder
 
 
-def test_gpt_on_real_text_beats_a_byte_frequency_model(ray_local, storage, text):
-    summary = run(small(storage, "gpt-text", data=str(text / "train"), val_data=str(text / "val.txt"),
+def test_gpt_on_real_text_beats_a_byte_frequency_model(storage, text):
+    summary = train_in_gloo(small(storage, "gpt-text", data=str(text / "train"), val_data=str(text / "val.txt"),
                         model="gpt", width=64, depth=2, heads=4, seq_len=32, batch_size=32, epochs=3,
                         optimizer="adamw", lr=0.01, warmup_steps=20, clip_grad=1.0, report_every=20))
     assert summary.task == "lm"
