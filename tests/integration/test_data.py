@@ -44,13 +44,14 @@ def model_weights(summary):
 
 
 @pytest.fixture(scope="module")
-def unresized(ray_local, storage):
+def unresized(storage):
     """A user's Dataset, 3 epochs at 2 workers x 50 rows: the run the resized ones must
-    match (the Dataset and the in-memory table are sharded alike)."""
+    match (the Dataset and the in-memory table are sharded alike). In plain gloo
+    processes: the Dataset's sharding is ray_ddp's (on Ray: the chain's last leg)."""
     import user_data
 
     built = user_data.BUILT
-    summary = run(small(storage, "user-dataset", dataset="user_data:regression", batch_size=50,
+    summary = train_in_gloo(small(storage, "user-dataset", dataset="user_data:regression", batch_size=50,
                         warmup_steps=0, keep=3))
     assert user_data.BUILT == built + 1  # the driver builds a costly Dataset once, not per check
     return summary
@@ -70,14 +71,14 @@ def resized(ray_local, storage, same_rows_as_parquet, unresized):
     """The reference run's epoch 1 at 2 workers, then epoch 2 on the in-memory rows on 1
     worker (2 -> 1) and epoch 3 on 2 again (1 -> 2), reading the reference's Dataset with
     2 DataLoader processes per rank (--loader-workers 2), the global batch 100 throughout.
-    Epoch 2 is ray_ddp's own arithmetic (a resume's cut at another world size): it runs
-    in a plain gloo process (tests/helpers/gloo_run.py); epochs 1 and 3 on Ray."""
+    Epochs 1 and 2 are ray_ddp's own arithmetic (the sharding, a resume's cut at another
+    world size): they run in plain gloo processes (tests/helpers/gloo_run.py); epoch 3,
+    the module path's Dataset read by DataLoader processes inside Ray workers, on Ray."""
     name = "resized-in-memory"
     # epoch 1 at 2 workers: the reference run as it stood then (its folder, later checkpoints gone)
     shutil.copytree(storage / "user-dataset", storage / name)
     for step in ("step-00000012", "step-00000018"):
         shutil.rmtree(storage / name / step)
-    (storage / name / "checkpoint_manager_snapshot.json").unlink()
     for epochs, workers, data, train in ((2, 1, dict(data=same_rows_as_parquet), train_in_gloo),
                                          (3, 2, dict(dataset="user_data:regression", loader_workers=2), run)):
         summary = train(small(storage, name, workers=workers, batch_size=100 // workers, epochs=epochs,

@@ -2,7 +2,7 @@
 a GPT-2 with its own loss, a BERT classifier from a save_pretrained folder through
 ``--model hf:DIR`` on padded dict batches, ``--init-from`` (ray_ddp's own loading of the
 weights: in a plain gloo process, tests/helpers/gloo_run.py), ``--format hf`` export, and
-LoRA's run, which also holds the exactness of a model's own loss over ranks and
+LoRA's run (in plain gloo processes too), which also holds the exactness of a model's own loss over ranks and
 accumulation steps on ragged rows (against one plain process)."""
 
 from __future__ import annotations
@@ -121,8 +121,7 @@ def test_a_bert_folder_learns_from_a_datasets_dataset_padded_by_its_tokenizers_c
     assert summary.val_accuracy > 0.8, summary.val_accuracy  # chance is 1/3
 
 
-def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loads(ray_local, storage,
-                                                                                    tmp_path):
+def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loads(storage, tmp_path):
     """--lora on an hf:DIR GPT-2 under FSDP, on ragged rows padded with -100, 2 workers x
     16 rows x 2 accumulation steps (a global batch of 64): 1 epoch, then the same command
     resumed to 2. The model's own loss is exact over ranks and accumulation: its adapters
@@ -131,8 +130,9 @@ def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loa
     epoch order, to float rounding, where a mean of the micro-batches' means (what an
     unweighted HF loss gives) differs by percents of what training changed. The base
     weights never move; export --format hf writes the adapters as PeftModel.from_pretrained
-    loads them over the base. (Every head's loss, DDP and FSDP, each cut against one plain
-    process: test_loss_matrix.py.)"""
+    loads them over the base. All of it is ray_ddp's own code, so both commands train in
+    plain gloo processes (tests/helpers/gloo_run.py). (Every head's loss, DDP and FSDP,
+    each cut against one plain process: test_loss_matrix.py.)"""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -151,8 +151,8 @@ def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loa
                            report_every=3, collate="ray_ddp.data.collate:pad_sequences",
                            storage=str(storage), name="hf-lora", quiet=True)
 
-    assert run(config(1), train_data=data).epochs_completed == 1
-    resumed = run(config(2), train_data=data)
+    assert train_in_gloo(config(1), train_data=data).epochs_completed == 1
+    resumed = train_in_gloo(config(2), train_data=data)
     assert resumed.resumed_from.endswith("step-00000003") and resumed.epochs_completed == 2
     trained = torch.load(os.path.join(_local(resumed.checkpoint), MODEL_FILE), weights_only=True)
 
