@@ -1,6 +1,7 @@
 """Run storage: where a run's folder lives, on a local disk or behind a pyarrow URI.
 
-Runs on the driver and in the Ray Train controller (the metrics callback). Everything
+Runs on the driver, in the Ray Train controller (the metrics callback) and on workers (a
+checkpoint's folder opened to resume from). Everything
 ray_ddp writes next to Ray's checkpoints goes through the same pyarrow filesystem, so
 nothing assumes a local disk. Writes are atomic where the filesystem allows: a reader
 never sees half a file.
@@ -166,10 +167,11 @@ def local_copy(fs: pafs.FileSystem, path: str, names: Optional[Sequence[str]] = 
         return
     tmp = tempfile.mkdtemp(prefix="ray_ddp_copy_")
     try:
+        # 64 MiB a read, as Ray's own downloads: a checkpoint's files are large
         if names is None:
-            pafs.copy_files(path, tmp, source_filesystem=fs)
+            pafs.copy_files(path, tmp, source_filesystem=fs, chunk_size=64 << 20)
         for name in names or ():
-            pafs.copy_files(f"{path}/{name}", os.path.join(tmp, name), source_filesystem=fs)
+            pafs.copy_files(f"{path}/{name}", os.path.join(tmp, name), source_filesystem=fs, chunk_size=64 << 20)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

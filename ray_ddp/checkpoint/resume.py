@@ -4,6 +4,8 @@ or, after a restart within the run, the newer one Ray hands back. Runs on worker
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any, Optional
 
 import torch
@@ -22,18 +24,27 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
                               optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
     """Load into the model, through the strategy that wrote it (bare under DDP, sharded in
     place under FSDP), the checkpoint the driver checked and announced (``resume_from``),
-    or, after a restart within this run, the newer one Ray hands back (``latest``, used
-    when newer than any that existed when the run began); a fresh TrainState if neither.
+    or, after a restart within this run, the newer one Ray hands back (``latest``, a
+    ``ray.train.Checkpoint``, used when newer than any that existed when the run began);
+    a fresh TrainState if neither.
     Every file is checked against its meta.json (size and CRC-32) before it is loaded."""
     store = resolve_storage(cfg.storage)
-    candidates = []
+    candidates = []  # (its folder's path, what opens it on this machine)
     if latest is not None and _dir_name(latest.path) > (newest_at_start or ""):
-        candidates.append((latest.path, latest.filesystem))  # written by this run before a worker died
+        # written by this run before a worker died; Ray's Checkpoint: on remote storage,
+        # one download per node, shared by its ranks
+        candidates.append((latest.path, latest.as_directory))
     if resume_from is not None:
-        candidates.append((f"{store.run_path(cfg.name)}/{resume_from}", store.fs))
+        path = f"{store.run_path(cfg.name)}/{resume_from}"
+        candidates.append((path, functools.partial(local_copy, store.fs, path)))
     problems = []
-    for path, fs in candidates:
-        with local_copy(fs, path) as directory:
+    for path, open_folder in candidates:
+        with contextlib.ExitStack() as stack:
+            try:
+                directory = stack.enter_context(open_folder())
+            except FileNotFoundError:  # remote storage: a folder deleted since it was named
+                problems.append(f"{_dir_name(path)}: its folder is gone")
+                continue
             sharded = strategy.checkpoint_format == "sharded"
             problem = verify_checkpoint(directory, shards_by_size=sharded)
             if problem is None and is_sharded_checkpoint(directory) != sharded:  # (the driver refuses it first)

@@ -17,7 +17,7 @@ from ray_ddp.config.checks import check_devices, check_objects
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
-from ray_ddp.data.plan import check_row_targets, inspect_data
+from ray_ddp.data.plan import DataShapeConfig, check_row_targets, inspect_data
 from ray_ddp.data.ray_data import is_ray_dataset, plan_ray_data
 from ray_ddp.data.saved import open_saved_datasets
 from ray_ddp.parallel.units import check_fsdp_wrap
@@ -50,22 +50,9 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     marks = {"process": _process_start_time(started), "run": started}  # start-up timeline
     cfg, train_data, val_data = open_saved_datasets(cfg, train_data, val_data)  # --data DIR of save_to_disk
     objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss, "collate": collate}
-    cfg = check_config(cfg, objects)  # the user's intent, checked: never rewritten below
-    data_shape = inspect_data(cfg, train_data, val_data)  # before Ray starts: bad data costs seconds
-    check_row_targets(data_shape, loss is not None or cfg.loss is not None)
-    plan = resolve(cfg, data_shape)  # resolved again below, for the workers the cluster gives
-    check_model(plan.run_config(), model,
-                data_shape.example if data_shape is not None and loss is None else None,
-                more_checks=[functools.partial(check_fsdp_wrap, plan.run_config())] if cfg.strategy == "fsdp" else [])
-    check_tracking(cfg)  # an unreachable MLflow server: one line before Ray starts
+    cfg, data_shape, plan = check_run(cfg, objects)  # cfg: the user's intent, checked: never rewritten below
     store = open_storage(cfg)
-    start = find_start(plan.run_config(), store, data_shape, echo)
-    init_from = cfg.init_from if start.resumed_from is None else None
-    if cfg.init_from and init_from is None:
-        echo(f"--init-from {cfg.init_from} is ignored: run {cfg.name} resumes from its own "
-             f"checkpoint {start.resumed_from}")
-    elif init_from is not None:
-        check_init_from(plan.run_config(), model, init_from)  # the keys, before any worker reads the weights
+    start, init_from = find_start_point(plan, store, data_shape, model, echo)
     if start.complete:
         summary = read_json(store.fs, store.run_folder(cfg.name).summary)
         if summary is not None:
@@ -101,6 +88,39 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
                             start.scan.meta)
     close_run_tracking(tracking, store, cfg, summary.to_dict(), from_records(summary.events), "FINISHED", echo)
     return summary
+
+
+def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, Optional[DataShapeConfig], RunPlan]:
+    """Everything checked before Ray starts (bad data costs seconds, not a cluster): the
+    config, the data's shape, the run resolved for the workers the flags name (resolved
+    again for the workers the cluster gives), the model against a row, the MLflow server.
+    Returns the checked config, the data's shape and that first RunPlan."""
+    cfg = check_config(cfg, objects)
+    loss = objects.get("loss")
+    data_shape = inspect_data(cfg, objects.get("train_data"), objects.get("val_data"))
+    check_row_targets(data_shape, loss is not None or cfg.loss is not None)
+    plan = resolve(cfg, data_shape)
+    check_model(plan.run_config(), objects.get("model"),
+                data_shape.example if data_shape is not None and loss is None else None,
+                more_checks=[functools.partial(check_fsdp_wrap, plan.run_config())] if cfg.strategy == "fsdp" else [])
+    check_tracking(cfg)  # an unreachable MLflow server: one line before Ray starts
+    return cfg, data_shape, plan
+
+
+def find_start_point(plan: RunPlan, store: StorageConfig, data_shape: Optional[DataShapeConfig], model: Any,
+                     echo: Callable[[str], None]) -> tuple[StartState, Optional[str]]:
+    """Where the run starts (a new run, or the checkpoint to resume; find_start), and the
+    --init-from weights a new run starts from (checked against the model's keys before
+    any worker reads them; a resume ignores the flag, and says so)."""
+    cfg = plan.config
+    start = find_start(plan.run_config(), store, data_shape, echo)
+    init_from = cfg.init_from if start.resumed_from is None else None
+    if cfg.init_from and init_from is None:
+        echo(f"--init-from {cfg.init_from} is ignored: run {cfg.name} resumes from its own "
+             f"checkpoint {start.resumed_from}")
+    elif init_from is not None:
+        check_init_from(plan.run_config(), model, init_from)
+    return start, init_from
 
 
 def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:

@@ -2,8 +2,10 @@
 (with or without a checkpoint), the checkpoint Ray hands back after a restart, a node's
 preemption, the GPUs. Runs on workers.
 
-The loop and its parts meet Ray only through a session, so this file lists every call a
-worker makes into Ray Train. ``RayTrainSession`` is the real one; the tests' gloo harness
+The loop and its parts meet Ray Train only through a session, so this file lists the
+calls they make into it; the two others a worker may make are an option's own: Ray
+Data's shard (--ray-data, data/ray_data.py) and the beats to the hang watch's actor
+(worker/heartbeat.py). ``RayTrainSession`` is the real one; the tests' gloo harness
 (``tests/helpers/gloo_run.py``) gives the same loop a session of plain processes, to
 check ray_ddp's own arithmetic without paying for a Ray Train run.
 """
@@ -65,9 +67,9 @@ class RayTrainSession:
         def upload(_local: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
             return ray.train.Checkpoint(write(dir_name), fs)
 
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tempfile.mkdtemp(prefix="ray_ddp_ckpt_")),
-                         checkpoint_dir_name=checkpoint_name, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
-                         checkpoint_upload_fn=upload)
+        empty = ray.train.Checkpoint.from_directory(tempfile.mkdtemp(prefix="ray_ddp_ckpt_"))
+        ray.train.report(metrics, checkpoint=empty, checkpoint_dir_name=checkpoint_name,
+                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC, checkpoint_upload_fn=upload)
 
     def preemption(self) -> Optional[PreemptionNotice]:
         """A drain of a node of this run, or None. A barrier through Ray: every rank asks at once."""

@@ -3,24 +3,28 @@ worker loop in plain gloo process groups. For checks of ray_ddp's own code (the 
 batch arithmetic, a resume's exactness, the non-finite checks), at a fraction of a Ray
 Train run's CPU: no controller, no helper actors, no Ray worker processes.
 
-``train_in_gloo(cfg, ...)`` does what ``ray_ddp.run`` does (check the config and the
-data, find where to start, announce, ``fit_with_status``, write the summary), except
-that ``fit_with_status`` is given ``fit_on_gloo`` instead of Ray Train's TorchTrainer:
+``train_in_gloo(cfg, ...)`` does what ``ray_ddp.run`` does (its checks before Ray starts,
+where to start, announce, ``fit_with_status``, write the summary), except that the
+placement is ``cfg.workers`` CPU workers and ``fit_with_status`` is given ``fit_on_gloo``
+instead of Ray Train's TorchTrainer:
 ``cfg.workers`` spawned processes on loopback, each running ``run_worker`` (worker/loop.py)
 with a ``GlooSession`` (the harness's side of worker/session.py), and this process
 handing each round of reports (one per rank) to ray_ddp's MetricsCallback, as Ray Train's
 controller does. Checkpoints are written by the strategy's writer into the run folder,
 before the report (Ray uploads them meanwhile). What is Ray's stays with the real-Ray
 tests: placement, restarts, retention (``--keep``), preemption, Ray Data, the hang watch
-(``--hang-timeout`` is 0 here) and GPUs.
+(``--hang-timeout`` is 0 here), GPUs and MLflow; a config asking for one is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
-import socket
+import shutil
+import tempfile
 import time
+import traceback
 from typing import Any, Callable, Optional
 
 import torch
@@ -28,11 +32,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ray_ddp.cluster.placement import plan_placement
-from ray_ddp.data.plan import check_row_targets, inspect_data
+from ray_ddp.config.workers import worker_range
 from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.resolve import resolve
-from ray_ddp.driver.run import announce, check_config, open_storage
-from ray_ddp.driver.start import find_start
+from ray_ddp.driver.run import announce, check_run, find_start_point, open_storage
 from ray_ddp.driver.summary import RunSummary, write_summary
 from ray_ddp.errors import TrainingError
 from ray_ddp.models.build import model_stages
@@ -46,19 +49,19 @@ def train_in_gloo(cfg, echo: Callable[[str], None] = lambda line: None, *, model
                   collate: Any = None) -> RunSummary:
     """``ray_ddp.run(cfg)`` on ``cfg.workers`` gloo processes of this machine, no Ray."""
     started = time.time()
+    assert not (cfg.ray_data or cfg.gpus_per_worker or cfg.mlflow), "Ray Data, GPUs and MLflow: on Ray only"
+    workers = worker_range(cfg.workers)
+    assert workers is not None and workers[0] == workers[1], "name the workers; an elastic run: on Ray only"
     objects = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss, "collate": collate}
-    cfg = check_config(dataclasses.replace(cfg, hang_timeout=0), objects)
-    data_shape = inspect_data(cfg, train_data, val_data)
-    check_row_targets(data_shape, loss is not None or cfg.loss is not None)
+    cfg, data_shape, plan = check_run(dataclasses.replace(cfg, hang_timeout=0), objects)
     store = open_storage(cfg)
-    start = find_start(resolve(cfg, data_shape).run_config(), store, data_shape, echo)
-    placement = plan_placement(int(cfg.workers), 0, "gloo", [], stages=model_stages(cfg.model),
+    start, init_from = find_start_point(plan, store, data_shape, model, echo)
+    placement = plan_placement(workers[1], 0, "gloo", [], stages=model_stages(cfg.model),
                                cpus_per_worker=cfg.cpus_per_worker)
     plan = resolve(cfg, data_shape, placement, store)
     announce(plan, placement, start, store, echo)
     marks = {"process": started, "run": started, "attach": time.time(), "ray": time.time(), "fit": time.time()}
-    fit_with_status(plan, store, placement, start, objects, echo,
-                    init_from=cfg.init_from if start.resumed_from is None else None,
+    fit_with_status(plan, store, placement, start, objects, echo, init_from=init_from,
                     model_loss=data_shape is not None and data_shape.hands_labels and loss is None,
                     fit=fit_on_gloo)
     marks["fitted"] = time.time()
@@ -72,6 +75,7 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
     ends the fit as a TrainingError naming the rank, as Ray Train's does."""
     import ray.train  # the callback's checkpoint argument (no Ray is started)
 
+    # not at the top: it imports Ray Train, which only a fit needs
     from ray_ddp.observe.callback import MetricsCallback
 
     assert ray_inputs is None, "Ray Data runs on Ray only"
@@ -80,22 +84,23 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
     world = placement.workers
     ctx = mp.get_context("spawn")
     reports = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, plan, reports), daemon=True)
-             for rank in range(world)]
+    rendezvous = tempfile.mkdtemp(prefix="gloo_run_")  # a file store: no port to race for
+    init = f"file://{os.path.join(rendezvous, 'group')}"
+    # not daemonic: a rank may start DataLoader processes of its own (--loader-workers)
+    procs = [ctx.Process(target=_rank_main, args=(rank, world, init, plan, reports)) for rank in range(world)]
     for proc in procs:
         proc.start()
     sent: list[list] = [[] for _ in range(world)]  # each rank's (metrics, checkpoint path), in order
-    handed, done, last = 0, 0, time.monotonic()
+    handed, done, last = 0, set(), time.monotonic()
     try:
-        while done < world:
+        while len(done) < world:
             try:
                 kind, rank, payload = reports.get(timeout=1.0)
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if dead:
-                    raise TrainingError(f"training failed on rank {dead[0]}: its process exited "
-                                        f"with {procs[dead[0]].exitcode}") from None
+                gone = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in done]
+                if gone:
+                    raise TrainingError(f"training failed on rank {gone[0]}: its process exited "
+                                        f"with {procs[gone[0]].exitcode}") from None
                 if time.monotonic() - last > RANK_TIMEOUT_S:
                     raise TrainingError(f"no report in {RANK_TIMEOUT_S:.0f} s") from None
                 continue
@@ -103,7 +108,7 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
             if kind == "error":
                 raise TrainingError(f"training failed on rank {rank}: {payload}")
             if kind == "done":
-                done += 1
+                done.add(rank)
                 continue
             sent[rank].append(payload)
             while all(len(s) > handed for s in sent):  # a round: every rank's report
@@ -113,10 +118,11 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
                 handed += 1
     finally:
         for proc in procs:
-            proc.join(timeout=0 if done < world else 30)
+            proc.join(timeout=0 if len(done) < world else 30)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        shutil.rmtree(rendezvous, ignore_errors=True)
 
 
 class GlooSession:
@@ -147,20 +153,21 @@ class GlooSession:
         dist.barrier()
 
 
-def _rank_main(rank: int, world: int, port: int, plan, reports) -> None:
+def _rank_main(rank: int, world: int, init: str, plan, reports) -> None:
+    # not at the top: the worker's modules, imported in the rank's own process
     from ray_ddp.worker.loop import run_worker
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
         run_worker(plan, GlooSession(rank, world, plan, reports))
         reports.put(("done", rank, None))
     except BaseException as err:
+        traceback.print_exc()  # the whole story, on the test's stderr; the line goes to the fit
         reports.put(("error", rank, f"{type(err).__name__}: {err}"))
     finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        # this rank's last word reaches the fit before its peers see the group go
+        # (their own error would then be a lost connection)
+        reports.close()
+        reports.join_thread()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -52,7 +52,7 @@ def unresized(storage):
 
     built = user_data.BUILT
     summary = train_in_gloo(small(storage, "user-dataset", dataset="user_data:regression", batch_size=50,
-                        warmup_steps=0, keep=3))
+                                  warmup_steps=0, keep=3))
     assert user_data.BUILT == built + 1  # the driver builds a costly Dataset once, not per check
     return summary
 

@@ -14,7 +14,6 @@ import tempfile
 import pytest
 import torch
 
-from ray_ddp import run
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, STATE_FILE
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.cli.main import main
@@ -96,7 +95,6 @@ def test_a_checkpoint_of_2_ranks_resumes_on_1(fsdp_runs, storage, text):
     name = "fsdp-gpt-on-1"
     shutil.copytree(storage / "fsdp-gpt", storage / name)
     shutil.rmtree(storage / name / "step-00000024")  # leave step-18 (epoch 3) the newest
-    (storage / name / "checkpoint_manager_snapshot.json").unlink()  # Ray's list of the removed
     summary = train_in_gloo(config(storage, name, text, workers=1))
     assert summary.resumed_from.endswith("step-00000018") and summary.epochs_completed == 4
     new_rows = [r for r in rows_of(summary) if r["step"] > 18]
@@ -107,8 +105,8 @@ def test_a_checkpoint_of_2_ranks_resumes_on_1(fsdp_runs, storage, text):
 
 
 def test_a_sharded_checkpoint_of_2_ranks_loads_exactly_on_1_and_on_3():
-    # ray_ddp's sharded checkpoint, written and loaded in plain gloo process groups: 3 ranks shard the 2 ranks' tensors unevenly, and each ends with their weights and
-    # AdamW's state
+    # ray_ddp's sharded checkpoint, written and loaded in plain gloo process groups: 3 ranks
+    # shard the 2 ranks' tensors unevenly, and each ends with their weights and AdamW's state
     from dist_matrix import load_a_sharded_checkpoint, run_on_ranks, write_a_sharded_checkpoint
 
     with tempfile.TemporaryDirectory() as folder:

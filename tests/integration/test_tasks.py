@@ -51,8 +51,9 @@ def test_classifier_learns_follows_its_schedule_validates_every_row_once_on_3_wo
     pq.write_table(table.set_column(table.schema.get_field_index("t0"), "t0", pa.array(shuffled.numpy())), val)
 
     summary = train_in_gloo(small(storage, "cls-3x64x2", workers=3, batch_size=64, grad_accum=2, data=classes,
-                        val_data=str(val), model="mlp", width=32, depth=1, epochs=2, optimizer="adamw", lr=0.05,
-                        warmup_steps=4, schedule="cosine", report_every=1, keep=1, keep_best=True))
+                                  val_data=str(val), model="mlp", width=32, depth=1, epochs=2, optimizer="adamw",
+                                  lr=0.05, warmup_steps=4, schedule="cosine", report_every=1, keep=1,
+                                  keep_best=True))
     # 3000 rows a step of 3 x 64 x 2 = 384: 7 whole steps and one of the 312 left, an epoch
     assert summary.task == "classification" and summary.steps == 2 * 8
     rows = rows_of(summary)
@@ -101,8 +102,8 @@ def text(tmp_path_factory):
 
 def test_gpt_on_real_text_beats_a_byte_frequency_model(storage, text):
     summary = train_in_gloo(small(storage, "gpt-text", data=str(text / "train"), val_data=str(text / "val.txt"),
-                        model="gpt", width=64, depth=2, heads=4, seq_len=32, batch_size=32, epochs=3,
-                        optimizer="adamw", lr=0.01, warmup_steps=20, clip_grad=1.0, report_every=20))
+                                  model="gpt", width=64, depth=2, heads=4, seq_len=32, batch_size=32, epochs=3,
+                                  optimizer="adamw", lr=0.01, warmup_steps=20, clip_grad=1.0, report_every=20))
     assert summary.task == "lm"
     # a unigram model of the training bytes (add-one smoothed), scored on the validation bytes
     train = torch.tensor(list((text / "train" / "topics.txt").read_bytes()))

@@ -79,9 +79,15 @@ def test_a_rank_and_micro_batches_without_rows_give_no_nan(sklearn_style_run):
         assert sum(r["samples"] for r in rows if r["epoch"] == epoch) == 1281, epoch
 
 
-def test_val_data_object_with_keep_best_is_accepted(sklearn_style_run):
+def test_val_data_object_with_keep_best_is_accepted_and_the_best_is_kept_beside_the_newest(sklearn_style_run,
+                                                                                          storage):
     assert sklearn_style_run.best_checkpoint is not None
     assert sklearn_style_run.best_val_loss <= sklearn_style_run.val_loss
+    # on Ray, whose retention --keep-best turns off: the metrics callback prunes to the
+    # newest --keep (2: epochs 9 and 10, 11 steps each) and the best
+    best = sklearn_style_run.best_checkpoint.rsplit("/", 1)[-1]
+    kept = {p.name for p in (storage / "sklearn-style").glob("step-*")}
+    assert kept == {"step-00000099", "step-00000110", best}, kept
 
 
 def test_a_frozen_batchnorm_stays_frozen(sklearn_style_run, storage):
