@@ -46,22 +46,26 @@ class DemoSummary:
 
 
 def run_demo(name: str, workers: Optional[int] = None, storage: str = "~/ray_ddp_runs",
-             echo: Callable[[str], None] = print, quiet: bool = False) -> DemoSummary:
+             echo: Callable[[str], None] = print, quiet: bool = False,
+             train: Callable[..., RunSummary] = run) -> DemoSummary:
+    """Run demo ``name`` and check what it shows. ``train(cfg, echo=...)`` runs each of its
+    runs: ``run``, on Ray (tests/helpers/gloo_run.py's ``train_in_gloo`` in the suite, where
+    Ray is not what a demo tests)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = dict(workers=workers, storage=storage, steps_per_epoch=10, report_every=5,
                 name=f"demo-{name}-{stamp}", quiet=quiet)
     if name == "basic":
-        summary = run(TrainConfig(model="toy", epochs=2, **base), echo=echo)
+        summary = train(TrainConfig(model="toy", epochs=2, **base), echo=echo)
         detail = _check_identical_weights(summary)
         return DemoSummary(name, detail, [summary])
     if name == "checkpoint":
-        first = run(TrainConfig(model="toy", epochs=1, **base), echo=echo)
-        second = run(TrainConfig(model="toy", epochs=2, **base), echo=echo)
+        first = train(TrainConfig(model="toy", epochs=1, **base), echo=echo)
+        second = train(TrainConfig(model="toy", epochs=2, **base), echo=echo)
         loaded = _check_loaded_checkpoint(second)
         detail = f"{loaded}; {_check_identical_weights(second)}"
         return DemoSummary(name, detail, [first, second])
     if name == "model-parallel":
-        summary = run(TrainConfig(model="toy-mp", epochs=2, **base), echo=echo)
+        summary = train(TrainConfig(model="toy-mp", epochs=2, **base), echo=echo)
         detail = (f"{summary.gpus_per_worker or 'CPU'} device(s) per worker; "
                   + _check_identical_weights(summary))
         return DemoSummary(name, detail, [summary])

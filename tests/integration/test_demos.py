@@ -1,5 +1,9 @@
-"""The tutorial's demos, each a real run through the trainer; each claim a demo prints is
-checked here again from the files its runs left."""
+"""The tutorial's demos, each a real run of ray_ddp's worker loop; each claim a demo prints
+is checked here again from the files its runs left. They train in the gloo harness
+(tests/helpers/gloo_run.py): what a demo shows (identical weights, every rank loading
+rank 0's checkpoint, two stages per worker) is ray_ddp's loop and checkpoints, not Ray's.
+Ray's side of the same paths: full_run (the toy), the S3 run and the interrupted driver
+(a second command resuming from the checkpoint the first left)."""
 
 import pytest
 import torch
@@ -8,6 +12,8 @@ from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.driver.demos import run_demo
 from ray_ddp.models.builtin import ToyModel, ToyMpModel
+
+from gloo_run import train_in_gloo
 
 from ._runs import final_hashes, rows_of
 
@@ -20,10 +26,10 @@ def saved_hash(checkpoint, model):
 
 
 # "basic" is one run of the toy model, exactly the checkpoint demo's second run without the
-# resume; each Ray Train start costs ~15 s of a 2-core machine, so it is not run again here.
+# resume, so it is not run again here.
 @pytest.mark.parametrize("name", ["checkpoint", "model-parallel"])
-def test_demo(ray_local, tmp_path, name):
-    result = run_demo(name, workers=2, storage=str(tmp_path), quiet=True)
+def test_demo(tmp_path, name):
+    result = run_demo(name, workers=2, storage=str(tmp_path), quiet=True, train=train_in_gloo)
     last = result.runs[-1]
     hashes = final_hashes(rows_of(last))
     # every rank ended with the same weights, and they are the weights rank 0 saved
