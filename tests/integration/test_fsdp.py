@@ -1,7 +1,7 @@
 """FSDP on real Ray workers (2 gloo ranks): sharded checkpoints that survive a killed
-worker bit for bit and export to a plain model.pt; in plain gloo process groups (no Ray:
-resharding is ray_ddp's and DCP's), a resume on another world size and exact loads on 1
-and on 3 ranks."""
+worker bit for bit (against the same run in the gloo harness) and export to a plain
+model.pt; in plain gloo process groups (no Ray: resharding is ray_ddp's and DCP's), a
+resume on another world size and exact loads on 1 and on 3 ranks."""
 
 from __future__ import annotations
 
@@ -55,13 +55,15 @@ def plain_gpt():
 
 # Two runs, the gpt's sharded checkpoint holding the most (a tied embedding, bf16
 # training, validation): an uninterrupted one, the reference of the resume and export
-# tests, and one killed mid-run. (Each Ray Train start costs ~15 s of this 2-core
-# machine's CPU, so each run here is one that tests something no other does.)
+# tests, in the gloo harness (its checkpoints and weights are ray_ddp's own: nothing of
+# Ray), and one killed mid-run on Ray, where Ray Train restarts it. (Each Ray Train start
+# costs ~25 CPU-s of this 2-core machine, so each Ray run here tests something no other does.)
 @pytest.fixture(scope="module")
 def fsdp_runs(ray_local, storage, text):
-    """The uninterrupted FSDP run, and one whose rank 1 is SIGKILLed in epoch 2 (restarted
-    from the latest sharded checkpoint, --max-failures 1), side by side (2 workers each)."""
-    runs = {"gpt": run_in_thread(config(storage, "fsdp-gpt", text)),
+    """The uninterrupted FSDP run (gloo harness), and one on Ray whose rank 1 is SIGKILLed in
+    epoch 2 (restarted from the latest sharded checkpoint, --max-failures 1), side by side
+    (2 workers each)."""
+    runs = {"gpt": run_in_thread(None, lambda: train_in_gloo(config(storage, "fsdp-gpt", text))),
             "gpt-killed": run_in_thread(config(storage, "fsdp-gpt-killed", text, max_failures=1))}
     name = "fsdp-gpt-killed"
     pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name, "1.pid")

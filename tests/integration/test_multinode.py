@@ -25,6 +25,8 @@ import torch
 from ray_ddp import TrainConfig
 from ray_ddp.checkpoint.format import MODEL_FILE
 
+from gloo_run import train_in_gloo
+
 from ._cluster import LoopbackCluster, loopback_cluster
 from ._runs import run_in_thread, summary_of
 
@@ -186,7 +188,8 @@ class Story:
     the head alone. A new node b joins; run B (the same run, `--epochs 4 --max-failures 0`)
     grows back to 2 workers; b is drained for preemption with a 30 s deadline, and killed
     10 s into it, after the preemption checkpoint; B finishes on the head. Beside it, on the local Ray,
-    the reference: the same global batch on a fixed world of 2, never resized. Runs in a
+    the reference: the same global batch on a fixed world of 2, never resized (in the gloo
+    harness: no Ray). Runs in a
     thread from its creation, and the jobs after it; ``result()`` waits for both (and raises
     what they raised)."""
 
@@ -210,9 +213,10 @@ class Story:
     def _tell(self) -> dict:
         cluster, storage = self.cluster, self.storage
         run_dir = storage / "story-spot"
-        reference = run_in_thread(TrainConfig(
+        # the reference is ray_ddp's own loop on a fixed world, nothing of Ray: the gloo harness
+        reference = run_in_thread(None, lambda: train_in_gloo(TrainConfig(
             model="user_models:slow_toy", workers=2, epochs=4, steps_per_epoch=STEPS, batch_size=16,
-            report_every=5, warmup_steps=3, clip_grad=1.0, storage=str(storage), name="story-reference", quiet=True))
+            report_every=5, warmup_steps=3, clip_grad=1.0, storage=str(storage), name="story-reference", quiet=True)))
         out = {}
         log = str(storage / "a.log")
         proc = start_training(cluster, storage, "story-spot", log, "--epochs", "2", "--max-failures", "1")
