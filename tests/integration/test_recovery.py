@@ -1,7 +1,8 @@
 """What survives what: an interrupted driver, torn checkpoints, NaN loss (killed workers:
 test_faults.py, at each moment of a run). Weights made infinite, ray_ddp's own check,
-train in plain gloo process groups (tests/helpers/gloo_run.py); the rest on Ray (the
-resume past broken checkpoints meets Ray's own list of them: its checkpoint manager's)."""
+and the user's model's uninterrupted reference, train in plain gloo process groups
+(tests/helpers/gloo_run.py); the rest on Ray (the resume past broken checkpoints meets
+Ray's own list of them: its checkpoint manager's)."""
 
 from __future__ import annotations
 
@@ -136,9 +137,11 @@ USER_MODEL = dict(model="user_models:dict_batchnorm_net", dataset="user_data:dic
 
 
 @pytest.fixture(scope="module")
-def user_model_run(ray_local, storage):
-    """4 uninterrupted epochs of 12 steps: the run the interrupted ones must match."""
-    return run(small(storage, "user-model-full", **USER_MODEL))
+def user_model_run(storage):
+    """4 uninterrupted epochs of 12 steps: the run the interrupted ones must match. In the
+    gloo harness: the model, data, collate and loss are ray_ddp's loop's to run (the
+    resume below, on Ray, runs them in Ray workers)."""
+    return train_in_gloo(small(storage, "user-model-full", **USER_MODEL))
 
 
 def test_every_rank_validates_and_hashes_rank_0s_batchnorm_statistics(user_model_run):
