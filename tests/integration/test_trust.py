@@ -22,18 +22,20 @@ from ray_ddp.observe.report import write_report
 from ray_ddp.observe.runs import list_runs
 
 from ._runs import final_hashes, rows_of
+from gloo_run import train_in_gloo
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def sklearn_style_run(ray_local, storage):
+def sklearn_style_run(storage):
     """1,281 numpy rows on 2 workers x 32 x 2 accumulation steps in bf16: the last step of
     each epoch has one row, so rank 0's second micro-batch and both of rank 1's are empty;
     validation from val_data= with keep_best. The model and the data are classes defined
-    here, as in a notebook or a script's __main__: no worker can import them, so Ray must
-    ship them by value (cloudpickle) for the run to work; the model's spare head is never
-    used, so the run needs --find-unused-parameters."""
+    here, as in a notebook or a script's __main__: no worker can import them, so they
+    must travel by value (cloudpickle) for the run to work; the model's spare head is never
+    used, so the run needs --find-unused-parameters. All of it is ray_ddp's own loop: in
+    the gloo harness (on Ray, the elastic run below ships a loss defined in the test by value)."""
     from torch import nn
     from user_data import NumpyRegression
     from user_models import FrozenStatsNet
@@ -49,7 +51,7 @@ def sklearn_style_run(ray_local, storage):
     cfg = TrainConfig(workers=2, epochs=10, batch_size=32, grad_accum=2, amp="bf16", optimizer="adamw", lr=3e-3,
                       report_every=10, keep_best=True, find_unused_parameters=True, storage=str(storage),
                       name="sklearn-style", quiet=True)
-    return run(cfg, model=SpareHeadNet, train_data=Rows(1281), val_data=Rows(200, seed=1))
+    return train_in_gloo(cfg, model=SpareHeadNet, train_data=Rows(1281), val_data=Rows(200, seed=1))
 
 
 def test_objects_defined_only_in_the_calling_code_train_in_bf16_in_step(sklearn_style_run, storage):
@@ -83,7 +85,7 @@ def test_val_data_object_with_keep_best_is_accepted_and_the_best_is_kept_beside_
                                                                                           storage):
     assert sklearn_style_run.best_checkpoint is not None
     assert sklearn_style_run.best_val_loss <= sklearn_style_run.val_loss
-    # on Ray, whose retention --keep-best turns off: the metrics callback prunes to the
+    # Ray's retention is off under --keep-best: ray_ddp's metrics callback prunes to the
     # newest --keep (2: epochs 9 and 10, 11 steps each) and the best
     best = sklearn_style_run.best_checkpoint.rsplit("/", 1)[-1]
     kept = {p.name for p in (storage / "sklearn-style").glob("step-*")}
