@@ -16,4 +16,9 @@ VENV="${VENV:-.venv}"
 # -j 0: one process per core; a file some package ships that does not compile (test data,
 # Python 2 examples) is one that is never imported, so its error is no reason to stop
 "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
+# ray_ddp itself is installed editable (its source, never compiled by pip), and every Ray
+# worker, controller and command imports ~110 of its modules: compiled once here, each
+# such process loads them in ~0.04 s of CPU instead of ~0.15 (where PYTHONDONTWRITEBYTECODE
+# is set, nothing else would ever write them). An edited module is recompiled as usual.
+"$VENV/bin/python" -m compileall -q -j 0 ray_ddp tests/helpers >/dev/null
 "$VENV/bin/python" -c "import torch, ray, ray_ddp; print(f'installed ray_ddp {ray_ddp.__version__}: torch {torch.__version__}, ray {ray.__version__}')"
