@@ -47,11 +47,12 @@ class LoopbackCluster:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def start_head(self, cpus: int = 1) -> None:
+        log = f"{self.home}/head.log"
         self.procs["head"] = self.popen(
             ["ray", "start", "--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
              f"--dashboard-port={self.dashboard_port}", "--dashboard-agent-listen-port=48300",
-             "--ray-client-server-port=48001", *self._common(cpus)], f"{self.home}/head.log")
-        self.wait_for_nodes(1)
+             "--ray-client-server-port=48001", *self._common(cpus)], log)
+        self.wait_started("head", log)
 
     def add_node(self, name: str, cpus: int = 1, attempts: int = 3) -> None:
         """Start a worker node and wait until the cluster counts it. A node whose raylet
@@ -59,7 +60,6 @@ class LoopbackCluster:
         during startup", seen on a loaded 2-core machine, twice in a row on one slow
         period of it) is started again, up to ``attempts`` times in all, as an autoscaler
         launches again a node that failed to come up; any other exit fails."""
-        alive = self.alive_nodes()
         for attempt in range(attempts):
             port = 48301 + len(self.procs) + 10 * attempt  # not a late raylet's
             log = f"{self.home}/{name}-{time.time():.0f}-{attempt}.log"
@@ -67,7 +67,7 @@ class LoopbackCluster:
                 ["ray", "start", f"--address={self.address}", f"--dashboard-agent-listen-port={port}",
                  *self._common(cpus)], log)
             try:
-                self.wait_for_nodes(alive + 1)
+                self.wait_started(name, log)
                 return
             except AssertionError:
                 with open(log) as f:
@@ -78,6 +78,20 @@ class LoopbackCluster:
                     os.killpg(self.procs.pop(name).pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+    def wait_started(self, name: str, log: str, timeout=120) -> None:
+        """Wait for `ray start` to say "Ray runtime started.": it says so once the node's
+        raylet has registered with the GCS (a worker node's start waits for that), so the
+        cluster counts the node. Reading the line costs nothing; asking the GCS means a
+        new driver process each time (~1.6 CPU-s, and the idle workers Ray starts for it)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with open(log, errors="replace") as f:
+                if "Ray runtime started." in f.read():
+                    return
+            assert self.procs[name].poll() is None, f"`ray start` of node {name} exited (its log: {log})"
+            time.sleep(0.25)
+        raise AssertionError(f"node {name} did not start in {timeout} s (its log: {log})")
 
     def _common(self, cpus: int) -> list[str]:
         return ["--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--temp-dir", self.temp_dir]
@@ -101,19 +115,6 @@ class LoopbackCluster:
         script = f"import ray; ray.init(address={self.address!r}, logging_level='ERROR'); {code}"
         out = self.run([sys.executable, "-c", script], timeout=timeout)
         return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
-
-    def alive_nodes(self) -> int:
-        value = self.probe("print(sum(n['Alive'] for n in ray.nodes()))")
-        return int(value) if value.isdigit() else 0
-
-    def wait_for_nodes(self, count: int, timeout=120) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            assert all(p.poll() is None for p in self.procs.values()), "a ray start process exited"
-            if self.alive_nodes() == count:
-                return
-            time.sleep(1)
-        raise AssertionError(f"the cluster never had {count} nodes")
 
     def stop(self) -> None:
         stop_process_groups(list(self.procs.values()))

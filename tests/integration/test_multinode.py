@@ -55,7 +55,11 @@ def cluster_and_story(tmp_path_factory):
     # then waits for a worker group that cannot start before it tries a smaller one:
     # 20 s here instead of 60 (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), still room for a
     # start on a busy 2-core machine. A test needs no patience.
-    env = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1", "RAY_health_check_period_ms": "1000",
+    # Each process that connects as a driver (a probe, a `ray job submit` job, a training
+    # command) makes every raylet start idle workers for it (~2 CPU-s each, never used:
+    # Ray Train's actors start their own): RAY_prestart_worker_first_driver=0.
+    env = {"RAY_prestart_worker_first_driver": "0",
+           "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1", "RAY_health_check_period_ms": "1000",
            "RAY_health_check_failure_threshold": "3", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "20",
            "PYTHONPATH": HELPERS, "SLOW_TOY_STEP_S": str(STEP_S)}
     cluster_gen = loopback_cluster(str(tmp_path_factory.mktemp("home")), GCS_PORT, DASHBOARD_PORT, env)
