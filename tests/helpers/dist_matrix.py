@@ -1,9 +1,10 @@
 """ray_ddp's step in plain gloo process groups, no Ray: what tests/integration/
-test_loss_matrix.py runs on each rank. ``run_on_ranks`` starts the ranks (spawned
-processes on loopback, this folder on their path) and returns what each rank's function
-returned; ``one_step`` is such a function: for each case (a tiny HF model, DDP or FSDP)
-it takes one optimizer step of ray_ddp's train_step (worker/step.py) on this rank's
-share of a global batch, cut into micro-batches, and returns the whole weights after it;
+test_loss_matrix.py runs on each rank. ``run_on_ranks`` starts the ranks (processes on
+loopback, forked from a server that has imported torch: rank_procs.py; this folder on
+their path) and returns what each rank's function returned; ``one_step`` is such a
+function: for each case (a tiny HF model, DDP or FSDP) it takes one optimizer step of
+ray_ddp's train_step (worker/step.py) on this rank's share of a global batch, cut into
+micro-batches, and returns the whole weights after it;
 ``two_steps_of_a_forward_that_skips_a_layer`` says what a DDP step makes of such a model."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import socket
 import sys
 
 import torch
-import torch.multiprocessing as mp
+
+from rank_procs import rank_context, start_rank
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -23,11 +25,9 @@ def run_on_ranks(world: int, fn, *args, timeout_s: float = 300.0) -> list:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, fn, args, results)) for rank in range(world)]
-    for p in procs:
-        p.start()
+    procs = [start_rank(ctx, _rank_main, rank, world, port, fn, args, results) for rank in range(world)]
     try:
         out = dict(results.get(timeout=timeout_s) for _ in procs)
     finally:

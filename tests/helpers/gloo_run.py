@@ -7,7 +7,8 @@ Train run's CPU: no controller, no helper actors, no Ray worker processes.
 where to start, announce, ``fit_with_status``, write the summary), except that the
 placement is ``cfg.workers`` CPU workers and ``fit_with_status`` is given ``fit_on_gloo``
 instead of Ray Train's TorchTrainer:
-``cfg.workers`` spawned processes on loopback, each running ``run_worker`` (worker/loop.py)
+``cfg.workers`` processes on loopback (forked from a server that has imported torch:
+rank_procs.py), each running ``run_worker`` (worker/loop.py)
 with a ``GlooSession`` (the harness's side of worker/session.py), and this process
 handing each round of reports (one per rank) to ray_ddp's MetricsCallback, as Ray Train's
 controller does. Checkpoints are written by the strategy's writer into the run folder,
@@ -29,7 +30,6 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ray_ddp.cluster.placement import plan_placement
 from ray_ddp.config.workers import worker_range
@@ -40,6 +40,7 @@ from ray_ddp.driver.summary import RunSummary, write_summary
 from ray_ddp.errors import TrainingError
 from ray_ddp.models.build import model_stages
 from ray_ddp.storage import resolve_storage
+from rank_procs import rank_context, start_rank
 
 RANK_TIMEOUT_S = 300.0  # the longest a rank may go without a report
 
@@ -70,7 +71,7 @@ def train_in_gloo(cfg, echo: Callable[[str], None] = lambda line: None, *, model
 
 
 def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=None) -> None:
-    """fit_with_status's ``fit``: the planned workers as spawned gloo processes, their
+    """fit_with_status's ``fit``: the planned workers as gloo processes, their
     reports handed to ray_ddp's MetricsCallback a round at a time; a rank's exception
     ends the fit as a TrainingError naming the rank, as Ray Train's does."""
     import ray.train  # the callback's checkpoint argument (no Ray is started)
@@ -82,14 +83,12 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
     metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps, tensorboard=cfg.tensorboard,
                               keep=cfg.keep, keep_best=cfg.keep_best, tracking=tracking)
     world = placement.workers
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     reports = ctx.Queue()
     rendezvous = tempfile.mkdtemp(prefix="gloo_run_")  # a file store: no port to race for
     init = f"file://{os.path.join(rendezvous, 'group')}"
     # not daemonic: a rank may start DataLoader processes of its own (--loader-workers)
-    procs = [ctx.Process(target=_rank_main, args=(rank, world, init, plan, reports)) for rank in range(world)]
-    for proc in procs:
-        proc.start()
+    procs = [start_rank(ctx, _rank_main, rank, world, init, plan, reports) for rank in range(world)]
     sent: list[list] = [[] for _ in range(world)]  # each rank's (metrics, checkpoint path), in order
     handed, done, last = 0, set(), time.monotonic()
     try:
