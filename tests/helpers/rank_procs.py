@@ -14,8 +14,11 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-# imported once, in the fork server (one missing here is skipped: transformers is an extra)
-PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "ray_ddp.worker.loop", "transformers"]
+# imported once, in the fork server (one missing here is skipped: transformers is an
+# extra). torch._dynamo: DistributedDataParallel's constructor imports it, ~1 CPU-s a
+# rank; ray.cloudpickle: what the plan's objects are pickled with.
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "ray.cloudpickle",
+           "ray_ddp.worker.loop", "transformers"]
 
 
 def rank_context():
