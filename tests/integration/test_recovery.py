@@ -1,8 +1,8 @@
 """What survives what: an interrupted driver, torn checkpoints, NaN loss (killed workers:
 test_faults.py, at each moment of a run). Weights made infinite, ray_ddp's own check,
-and the user's model's uninterrupted reference, train in plain gloo process groups
-(tests/helpers/gloo_run.py); the rest on Ray (the resume past broken checkpoints meets
-Ray's own list of them: its checkpoint manager's)."""
+the user's model's uninterrupted reference and the interrupted driver's second command
+train in plain gloo process groups (tests/helpers/gloo_run.py); the rest on Ray (the
+resume past broken checkpoints meets Ray's own list of them: its checkpoint manager's)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def test_interrupted_driver_then_same_command_matches(full_run, storage, ray_add
 
     os.makedirs(os.path.dirname(gate_path(name)), exist_ok=True)
     open(gate_path(name), "w").close()  # the gate open: the same command again runs to the end
-    summary = run(small(storage, name, model="user_models:gated_toy"))
+    # (the resume is ray_ddp's own: in the gloo harness; a resume on Ray: the BatchNorm run's below)
+    summary = train_in_gloo(small(storage, name, model="user_models:gated_toy"))
     assert summary.resumed_from is not None and summary.epochs_completed == 3
     assert {r.name: r for r in list_runs(str(storage))}[name].state == "complete"
     assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
