@@ -1,7 +1,7 @@
 """Processes for the ranks of a plain gloo group in the tests (gloo_run.py's harness,
 dist_matrix.py's matrices), forked from one server process that has already imported
 torch and ray_ddp's worker modules: a rank then costs a fork, not a new interpreter that
-imports torch again (about 2 CPU-s a rank on a 2-core machine; the suite starts ~60).
+imports torch again.
 
 A forked rank gets the server's environment and working folder, those of the moment
 the server started: ``start_rank`` hands it the caller's own, as a spawned process

@@ -57,7 +57,7 @@ def plain_gpt():
 # training, validation): an uninterrupted one, the reference of the resume and export
 # tests, in the gloo harness (its checkpoints and weights are ray_ddp's own: nothing of
 # Ray), and one killed mid-run on Ray, where Ray Train restarts it. (Each Ray Train start
-# costs ~25 CPU-s of this 2-core machine, so each Ray run here tests something no other does.)
+# costs ~18 CPU-s of this 2-core machine, so each Ray run here tests something no other does.)
 @pytest.fixture(scope="module")
 def fsdp_runs(ray_local, storage, text):
     """The uninterrupted FSDP run (gloo harness), and one on Ray whose rank 1 is SIGKILLed in

@@ -56,8 +56,8 @@ def cluster_and_story(tmp_path_factory):
     # 20 s here instead of 60 (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), still room for a
     # start on a busy 2-core machine. A test needs no patience.
     # Each process that connects as a driver (a probe, a `ray job submit` job, a training
-    # command) makes every raylet start idle workers for it (~2 CPU-s each, never used:
-    # Ray Train's actors start their own): RAY_prestart_worker_first_driver=0.
+    # command) would make the raylets start idle workers for it, which this story never
+    # asks for: RAY_prestart_worker_first_driver=0.
     env = {"RAY_prestart_worker_first_driver": "0",
            "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1", "RAY_health_check_period_ms": "1000",
            "RAY_health_check_failure_threshold": "3", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "20",
@@ -191,11 +191,10 @@ class Story:
     killed (raylet and workers, no notice) once epoch 1's checkpoint is Ray's; A finishes on
     the head alone. A new node b joins; run B (the same run, `--epochs 4 --max-failures 0`)
     grows back to 2 workers; b is drained for preemption with a 30 s deadline, and killed
-    10 s into it, after the preemption checkpoint; B finishes on the head. Beside it, on the local Ray,
-    the reference: the same global batch on a fixed world of 2, never resized (in the gloo
-    harness: no Ray). Runs in a
-    thread from its creation, and the jobs after it; ``result()`` waits for both (and raises
-    what they raised)."""
+    10 s into it, after the preemption checkpoint; B finishes on the head. Beside it, in
+    the gloo harness (no Ray), the reference: the same global batch on a fixed world of 2,
+    never resized. Runs in a thread from its creation, and the jobs after it; ``result()``
+    waits for both (and raises what they raised)."""
 
     def __init__(self, cluster: LoopbackCluster, storage):
         self.cluster, self.storage = cluster, storage

@@ -7,7 +7,7 @@ and counts as complete on a rerun; a rerun with a larger --early-stop resumes an
 from the validations so far (the count survives the resume; the streamed rows go on, every
 row once an epoch). The run is then listed,
 exported and reported, and every location it prints or records is a URI that opens (the
-storage's query kept after the path). (Each Ray Train start costs ~25 CPU-s of a 2-core
+storage's query kept after the path). (Each Ray Train start costs ~18 CPU-s of a 2-core
 machine: the S3 claims, the early stop's and --stream's ride on one Ray Train run, and
 the resume, ray_ddp's own, on a run in the gloo harness;
 that a streamed epoch's steps and rows do not depend on the world size is
