@@ -12,9 +12,12 @@ from ray_ddp import TrainConfig, run
 def small(tmp, name, **kw) -> TrainConfig:
     """A few seconds of training: 2 workers, 3 epochs of 10 steps, a report every 5 steps,
     with LR warm-up and gradient clipping, so every resume test also shows that the
-    schedule's state comes back (a restarted warm-up would change the weights)."""
+    schedule's state comes back (a restarted warm-up would change the weights). The hang
+    watch is off (its actor is a process of its own, ~1.3 CPU-s): the runs that meet a
+    failure or a hang (test_faults.py, test_hangs.py) turn it on, as their events read the
+    step the workers' heartbeats reached."""
     base = dict(workers=2, epochs=3, steps_per_epoch=10, batch_size=16, report_every=5,
-                warmup_steps=3, clip_grad=1.0, storage=str(tmp), name=name, quiet=True)
+                warmup_steps=3, clip_grad=1.0, storage=str(tmp), name=name, quiet=True, hang_timeout=0)
     return TrainConfig(**{**base, **kw})
 
 
