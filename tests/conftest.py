@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
@@ -25,7 +30,7 @@ TEST_ONLY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_PREEMPTI
 
 # The suite must pass on any machine, and in-process runs must not size themselves from
 # the machine when Ray was already running (a notebook's ray.init, the shared Ray below):
-# this process reports 16 cores, so a default taken from the machine would ask the 12-CPU
+# this process reports 16 cores, so a default taken from the machine would ask the 14-CPU
 # Ray for 2 x 8 CPUs and fail. Subprocesses (the CLI runs) see the real machine.
 os.cpu_count = lambda: 16
 
@@ -35,34 +40,116 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "helpers"))
 
 
+# tests/integration modules that need none of the background stories, nor full_run's
+# reference: under xdist they run in the second pytest process, beside the first (which
+# runs the rest and the stories), on the same Ray (ray_local, below). A lone Ray Train run
+# keeps ~1.5 of 2 cores busy; two side by side keep both.
+BESIDE_THE_STORIES = frozenset({"test_benchmarks", "test_data", "test_fsdp", "test_hf", "test_loss_matrix",
+                                "test_ray_data", "test_s3", "test_spawn", "test_tasks", "test_trust"})
+
+
+def integration_group(nodeid: str) -> str:
+    """The pytest process an integration test runs in: "stories" or "beside"."""
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return "beside" if module in BESIDE_THE_STORIES else "stories"
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (`-n 2` in pyproject.toml), every test in tests/integration (the
-    `ray` lane) goes to one pytest process, in order: they share one Ray (below) and its
-    background stories (tests/integration/conftest.py), which a second process would
-    start again. The other process takes the unit tests meanwhile. (xdist's own
-    `--dist loadgroup` would say this with a mark, but it stopped grouping under pytest
-    9.2: pytest-dev/pytest-xdist#1386.)"""
+    """Under pytest-xdist (`-n 2` in pyproject.toml), the tests in tests/integration (the
+    `ray` lane) go to the two pytest processes in two groups, each in order: those that
+    share the background stories (tests/integration/conftest.py), which a second process
+    would start again, and those beside them (BESIDE_THE_STORIES). Both share one Ray
+    (ray_local). The unit tests fill in after, one at a time, wherever a process is
+    free. (xdist's own `--dist loadgroup` would say this with a mark, but it stopped
+    grouping under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class IntegrationInOneProcess(LoadScopeScheduling):
+    class IntegrationInTwoGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "tests/integration" if nodeid.startswith("tests/integration/") else nodeid
+            if nodeid.startswith("tests/integration/"):
+                return f"tests/integration ({integration_group(nodeid)})"
+            return nodeid
 
-    return IntegrationInOneProcess(config, log)
+    return IntegrationInTwoGroups(config, log)
+
+
+RAY_CPUS = 14  # ray_local's CPU slots
+
+
+def pytest_configure(config):
+    """The xdist controller names a folder the pytest processes share (for ray_local) and
+    gives them its pid: the shared Ray stops when it is gone."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None and getattr(config.option, "numprocesses", None):
+        os.environ["RAY_DDP_TESTS_SHARED"] = tempfile.mkdtemp(prefix="ray_ddp_tests_")
+        os.environ["RAY_DDP_TESTS_CONTROLLER"] = str(os.getpid())
+        # a driver attaching to a running Ray sends its token (~/.ray) only in this mode,
+        # which Ray reads once, at import: before the pytest processes start
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def pytest_unconfigure(config):
+    """The controller, after every pytest process is done: stop the shared Ray, if one
+    started, exactly (by its pid)."""
+    shared = os.environ.get("RAY_DDP_TESTS_SHARED")
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None or not shared:
+        return
+    pid_file = os.path.join(shared, "ray.pid")
+    if os.path.exists(pid_file):
+        with open(pid_file) as f:
+            pid = int(f.read())
+        try:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(300):  # ray.shutdown() stops its processes in a few seconds
+                os.kill(pid, 0)
+                time.sleep(0.1)
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def ray_local():
     """One real local Ray for every in-process integration test (starting Ray costs ~10 s).
-    12 CPU slots on any machine: room for the stories that run in the background
-    (conftest.py's EARLY_STORIES, 2 workers each) beside 6 workers of the test at hand
-    (test_data's and test_fsdp's runs side by side)."""
+    Under xdist, both pytest processes share it: the first to need it starts it as a
+    process of its own (tests/helpers/shared_ray.py), both attach to it as drivers, and
+    the controller stops it at the end. 14 CPU slots on any machine: room for the stories
+    that run in the background (conftest.py's EARLY_STORIES, 2 workers each), a run of
+    the stories' group, and 6 workers of the group beside it (test_data's and test_fsdp's
+    runs side by side); fewer than the 16 cores this process reports, so a run sized from
+    them fails (above)."""
     import ray
 
-    ray.init(address="local", num_cpus=12, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+    quiet = dict(log_to_driver=False, logging_level="ERROR")
+    shared = os.environ.get("RAY_DDP_TESTS_SHARED")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None or not shared:  # this process alone
+        ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, **quiet)
+        yield ray
+        ray.shutdown()
+        return
+    from filelock import FileLock
+
+    address = os.path.join(shared, "ray.address")
+    with FileLock(os.path.join(shared, "ray.lock")):
+        if not os.path.exists(os.path.join(shared, "ray.pid")):
+            start_shared_ray(shared, address)
+    ray.init(address=open(address).read(), **quiet)
     yield ray
-    ray.shutdown()
+    ray.shutdown()  # this driver leaves; the controller stops the Ray
+
+
+def start_shared_ray(shared: str, address: str, timeout_s: float = 120) -> None:
+    with open(os.path.join(shared, "ray.log"), "w") as log:
+        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "shared_ray.py"), address,
+                                 str(RAY_CPUS), os.environ["RAY_DDP_TESTS_CONTROLLER"]],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(os.path.join(shared, "ray.pid"), "w") as f:
+        f.write(str(proc.pid))
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(address):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the shared Ray did not start: {os.path.join(shared, 'ray.log')}")
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ from ray_ddp import run
 
 from ray_ddp.data.synth_files import write_synthetic
 
+from tests.conftest import integration_group
+
 from ._runs import full_config
 
 
@@ -90,14 +92,21 @@ def default_job(tmp_path_factory):
 
 # Stories that spend most of their minutes waiting (on a drain's deadline, on Ray's
 # restarts, on the hang watch's timeouts, on Tune, on a Ray of its own): when their module is among the tests, each
-# starts with the first integration test and runs beside the others, which fill its
-# waits with their work (they share the CPUs and, but for the multinode cluster, the Ray).
+# starts with the first integration test of the stories' group (tests/conftest.py's
+# integration_group) and runs beside the others, which fill its waits with their work
+# (they share the CPUs and, but for the multinode cluster, the Ray).
 EARLY_STORIES = {"test_multinode": "multinode", "test_hangs": "hang_story", "test_tune": "tune_story",
                  "test_cli": "default_job"}
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(autouse=True)
 def _start_the_waiting_stories_early(request):
+    if integration_group(request.node.nodeid) == "stories":  # never in the process beside them
+        request.getfixturevalue("_waiting_stories")
+
+
+@pytest.fixture(scope="session")
+def _waiting_stories(request):
     modules = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items}
     for module, fixture in EARLY_STORIES.items():
         if module in modules:

@@ -133,18 +133,18 @@ def test_waiting_for_nodes_gives_up_after_the_bound(ray_local):
     from ray_ddp.cluster.placement import plan_placement
     from ray_ddp.cluster.preflight import describe_need, wait_for_autoscaler
 
-    too_many = plan_placement(64, 0, None, [0])  # the shared local Ray has 12 CPUs
+    too_many = plan_placement(64, 0, None, [0])  # the shared local Ray has 14 CPUs
     said = []
     with pytest.raises(ConfigError, match=r"gave up after 2 s waiting for the autoscaler: the job "
-                                          r"needs 64 workers x 1 CPU = 64 CPU; the cluster has 12 CPU"):
+                                          r"needs 64 workers x 1 CPU = 64 CPU; the cluster has 14 CPU"):
         wait_for_autoscaler(too_many, describe_need(too_many), 2, said.append, poll_s=0.5)
     assert said == ["waiting up to 2 s for the autoscaler to add nodes: the job needs 64 workers x 1 CPU = 64 CPU"]
 
 
 def test_attached_cluster_too_small_fails_fast(ray_local, storage):
-    with pytest.raises(ConfigError, match=r"needs 13 workers x 1 CPU = 13 CPU; the cluster has 12 CPU "
+    with pytest.raises(ConfigError, match=r"needs 15 workers x 1 CPU = 15 CPU; the cluster has 14 CPU "
                                           r"and no autoscaler; lower --workers or add nodes"):
-        run(small(storage, "too-many", workers=13))
+        run(small(storage, "too-many", workers=15))
     assert not (storage / "too-many").exists()
 
 
