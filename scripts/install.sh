@@ -26,4 +26,6 @@ if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
     # is set, nothing else would ever write them). An edited module is recompiled as usual.
     "$VENV/bin/python" -m compileall -q -j 0 ray_ddp tests/helpers >/dev/null
 fi
-"$VENV/bin/python" -c "import torch, ray, ray_ddp; print(f'installed ray_ddp {ray_ddp.__version__}: torch {torch.__version__}, ray {ray.__version__}')"
+# the check imports what every training worker imports: where bytecode is cached on first
+# import, it is cached here once, not by the first processes of a run all at the same time
+"$VENV/bin/python" -c "import torch, torch._dynamo, ray, ray.train.torch, ray_ddp, ray_ddp.worker.loop; print(f'installed ray_ddp {ray_ddp.__version__}: torch {torch.__version__}, ray {ray.__version__}')"
