@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from ray_ddp import TrainingError, run
+from ray_ddp import TrainConfig, TrainingError, run
 from ray_ddp.data.synth_files import write_synthetic
 from ray_ddp.observe.runs import list_runs
 
@@ -45,7 +45,9 @@ def test_each_failure_moment_is_one_event_one_line_and_the_weights_of_a_run_that
     model = functools.partial(dies_on_schedule, str(tmp_path / "lives"), KILLS)
     # validated every epoch on rows of its own (the training rows stay full_run's)
     write_synthetic(str(tmp_path / "val"), rows=64, features=10, targets=5, seed=9)
-    cfg = small(storage, "faults", max_failures=3, quiet=False, val_data=str(tmp_path / "val"))
+    # the default hang watch (small() turns it off): a lost group's step is what its heartbeats reached
+    cfg = small(storage, "faults", max_failures=3, quiet=False, val_data=str(tmp_path / "val"),
+                hang_timeout=TrainConfig.hang_timeout)
     with pytest.raises(TrainingError) as failed:
         run(cfg, echo=lines.append, model=model)
     assert re.fullmatch(r"rank 0 on node 127\.0\.0\.1 was lost \(its process \d+ died\)( at step \d+)?; "
