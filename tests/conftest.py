@@ -119,12 +119,11 @@ def ray_local():
     runs side by side); fewer than the 16 cores this process reports, so a run sized from
     them fails (above)."""
     import ray
+    from shared_ray import QUIET, start_local_ray
 
-    quiet = dict(log_to_driver=False, logging_level="ERROR")
     shared = os.environ.get("RAY_DDP_TESTS_SHARED")
     if os.environ.get("PYTEST_XDIST_WORKER") is None or not shared:  # this process alone
-        ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, **quiet)
-        yield ray
+        yield start_local_ray(RAY_CPUS)
         ray.shutdown()
         return
     from filelock import FileLock
@@ -133,7 +132,8 @@ def ray_local():
     with FileLock(os.path.join(shared, "ray.lock")):
         if not os.path.exists(os.path.join(shared, "ray.pid")):
             start_shared_ray(shared, address)
-    ray.init(address=open(address).read(), **quiet)
+    with open(address) as f:
+        ray.init(address=f.read(), **QUIET)
     yield ray
     ray.shutdown()  # this driver leaves; the controller stops the Ray
 

@@ -16,13 +16,22 @@ import sys
 import time
 
 
-def main(address_file: str, num_cpus: int, controller: int) -> None:
+QUIET = dict(log_to_driver=False, logging_level="ERROR")  # the suite reads runs' files, not their logs
+
+
+def start_local_ray(num_cpus: int):
+    """The suite's Ray, in this process: the same in shared_ray.py's process and in a
+    pytest process alone (``-n 0``)."""
     import ray
 
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **QUIET)
+    return ray
+
+
+def main(address_file: str, num_cpus: int, controller: int) -> None:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+    ray = start_local_ray(num_cpus)
     with open(address_file + ".part", "w") as f:
         f.write(ray.get_runtime_context().gcs_address)
     os.replace(address_file + ".part", address_file)  # whole, or not there
