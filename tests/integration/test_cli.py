@@ -20,8 +20,7 @@ def start_default_job(home):
     and Ray Train's production polling, which the other tests fill)."""
     env = {**os.environ, "HOME": str(home)}
     env.pop("RAY_ADDRESS", None)
-    # Ray Train's production timing (workers polled every 2 s, not the suite's 0.25 s), so
-    # report batching is tested as users get it
+    # Ray Train's production settings (its preemption watcher on), as users get them
     for name in TEST_ONLY_ENV:
         env.pop(name, None)
     with open(home / "stdout", "w") as out, open(home / "stderr", "w") as err:
