@@ -182,6 +182,13 @@ BENCHES: dict[str, Bench] = {
         Table(title="Where the CI run's CPU seconds went (`--by-process`)", rows="cpu_by_process",
               when="cpu_by_process", columns=[("process", "process", "str"), ("processes", "processes", "str"),
                                              ("CPU s", "cpu_s", "n1")])], page="testing.md"),
+    "flakes": Bench("python benchmarks/flakes.py --rounds 5", [
+        Table(columns=[("rounds", "rounds_run", "str"), ("tests a round", "tests_per_round", "str"),
+                       ("rounds with every test passed", "rounds_all_passed", "str"), ("flaky", "flaky", "str"),
+                       ("broken", "broken", "str"), ("each round s", "round_wall_s", "n1list")]),
+        Table(title="Tests that failed in any round", rows="failed_tests",
+              columns=[("test", "test", "str"), ("rounds failed", "rounds_failed", "str"),
+                       ("first failure", "first", "str")])], page="testing.md"),
     "ray_cpu": Bench("WORKERS=1 bash benchmarks/ray_cpu.sh", [Table(columns=[
         ("workers", "workers", "str"), ("training workers' ticks", "training_ticks", "str"),
         ("Ray's other processes", "other_processes", "str"), ("their ticks", "other_ticks", "str"),

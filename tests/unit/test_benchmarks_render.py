@@ -261,6 +261,13 @@ def fake_suite_time(mod, monkeypatch):
     return lambda out: argv_main(monkeypatch, mod, ["--by-process", "--results-dir", out]), 1
 
 
+def fake_flakes(mod, monkeypatch):
+    monkeypatch.setattr(mod, "run_round", lambda number, selection: {
+        "round": number, "wall_s": 500.0, "exit": 0, "summary": "100 passed", "tests": 100, "failed": 0,
+        "skipped": 0, "failures": []})
+    return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
+
+
 def fake_install_time(mod, monkeypatch):
     monkeypatch.setattr(mod, "run_arm", lambda arm: {"arm": arm, "install_s": 60.0 if arm == "script" else 80.0,
                                                      "first_import_s": 3.5})
