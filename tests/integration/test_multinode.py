@@ -36,11 +36,12 @@ HELPERS = os.path.join(ROOT, "tests", "helpers")
 GCS_PORT, DASHBOARD_PORT = 46379, 48265
 STEPS = 40  # per epoch of the elastic story
 # slow_toy's sleep per micro-batch on the cluster's nodes. The drain comes early in run B's
-# third epoch, and its checkpoint must come before that epoch ends (an epoch-end
-# checkpoint would come anyway): at 0.5 s a step an epoch takes 20 s, more than the 15 s
-# the test allows from the drain to the checkpoint, so a slow notice fails that bound, not
-# this one by chance. On a busy 2-core machine the notice took up to 10 s (at 0.25 s a
-# step it once fell on the epoch's last step). Sleeping costs no CPU.
+# third epoch, and B checkpoints every 2 epochs (--checkpoint-every 2), so a checkpoint at
+# any step from the drain to the end of epoch 4 (40 s at 0.5 s a step) is the preemption's,
+# not one that would come anyway; the test allows 15 s from the drain to the checkpoint, so
+# a slow notice fails that bound, not this one by chance. On a busy 2-core machine the
+# notice took up to 10 s, and with B checkpointing every epoch it once fell on epoch 3's
+# last step. Sleeping costs no CPU.
 STEP_S = 0.5
 ELASTIC = ["--model", "user_models:slow_toy", "--workers", "1-2", "--steps-per-epoch", str(STEPS),
            "--batch-size", "16", "--report-every", "5", "--warmup-steps", "3", "--clip-grad", "1.0"]
@@ -189,12 +190,12 @@ def metrics_rows(run_dir):
 class Story:
     """Run A (`--workers 1-2 --epochs 2 --max-failures 1`) starts on both nodes; node b is
     killed (raylet and workers, no notice) once epoch 1's checkpoint is Ray's; A finishes on
-    the head alone. A new node b joins; run B (the same run, `--epochs 4 --max-failures 0`)
-    grows back to 2 workers; b is drained for preemption with a 30 s deadline, and killed
-    10 s into it, after the preemption checkpoint; B finishes on the head. Beside it, in
-    the gloo harness (no Ray), the reference: the same global batch on a fixed world of 2,
-    never resized. Runs in a thread from its creation, and the jobs after it; ``result()``
-    waits for both (and raises what they raised)."""
+    the head alone. A new node b joins; run B (the same run, `--epochs 4 --max-failures 0
+    --checkpoint-every 2`) grows back to 2 workers; b is drained for preemption with a 30 s
+    deadline, and killed 10 s into it, after the preemption checkpoint; B finishes on the
+    head. Beside it, in the gloo harness (no Ray), the reference: the same global batch on
+    a fixed world of 2, never resized. Runs in a thread from its creation, and the jobs
+    after it; ``result()`` waits for both (and raises what they raised)."""
 
     def __init__(self, cluster: LoopbackCluster, storage):
         self.cluster, self.storage = cluster, storage
@@ -237,7 +238,8 @@ class Story:
 
         cluster.add_node("b")  # the autoscaler brings a node back
         log = out["b_log"] = str(storage / "b.log")
-        proc = start_training(cluster, storage, "story-spot", log, "--epochs", "4", "--max-failures", "0")
+        proc = start_training(cluster, storage, "story-spot", log, "--epochs", "4", "--max-failures", "0",
+                              "--checkpoint-every", "2")
         try:
             wait_for(lambda: progress(run_dir).get("world_size") == 2 and progress(run_dir)["step"] > 2 * STEPS,
                      "run B on 2 workers", proc, log=log)
@@ -292,7 +294,7 @@ def test_a_preempted_node_gets_a_checkpoint_at_once_and_the_run_goes_on_without_
     b, event, rows = story["b"], story["event"], story["rows"]
     step = event["step"]
     assert story["notice_to_checkpoint_s"] < 15  # the watcher polls every 1 s, the loop asks every 1 s
-    assert step % STEPS, "a checkpoint mid-epoch, not at the epoch's end"
+    assert step % (2 * STEPS), "a checkpoint between B's own (every 2 epochs), not one of them"
     out = open(story["b_log"]).read()
     assert (f"node {story['b_node'][:12]} is being preempted (deadline in " in out
             and f"checkpoint step-{step:08d} saved" in out), out
