@@ -20,8 +20,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 # The controller's poll is ray-ddp's own, every second (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S
 # in ray_ddp/cluster/runtime_env.py). The suite once polled every 0.25 s to notice each
 # finished run sooner; now that its runs go side by side on both cores, the end of one is
-# filled by another, and the extra polls were CPU taken from both: the whole suite in
-# place took 539 s and 1022 busy CPU-s at 1 s against 609 s and 1180 at 0.25 s.
+# filled by another, and four polls a second cost each run CPU that the others need.
 # Ray Train starts a preemption watcher actor (a process of its own, ~2 s of CPU) with
 # every worker group. Only the multinode story drains a node for preemption, and its
 # cluster's processes get Ray's default back (_cluster.py), as does the default-job CLI
