@@ -44,7 +44,7 @@ OTHER_TOOLS_FLAGS = {
     "benchmarks/throughput.py, named in docs/testing.md": {"--preset"},
     "pytest, in docs/testing.md": {"--durations"},
     "pip and benchmarks/install_time.py, in docs/testing.md": {"--no-compile", "--rounds"},
-    "benchmarks/suite_time.py, in docs/testing.md": {"--by-process"},
+    "benchmarks/suite_time.py, in docs/testing.md": {"--by-process", "--skip-ci"},
 }
 
 
