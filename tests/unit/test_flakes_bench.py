@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "benchmarks"))
 
-from flakes import tally  # noqa: E402
+from flakes import main, tally  # noqa: E402
 from suite_time import read_junit  # noqa: E402
 
 CASE = '<testcase classname="tests.integration.test_a" name="{name}" time="1.5">{body}</testcase>'
@@ -45,3 +47,11 @@ def test_rounds_that_all_pass_have_nothing_to_tell(tmp_path):
     told = tally([junit_round(tmp_path, n, {}) for n in (1, 2)])
     assert (told["rounds_all_passed"], told["flaky"], told["broken"], told["failed_tests"]) == (2, 0, 0, [])
     assert told["round_wall_s"] == [9.0, 9.0]
+
+
+def test_rounds_below_one_is_one_line_and_runs_nothing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["--rounds", "0", "--results-dir", str(tmp_path / "results")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--rounds 0: give 1 or more")
+    assert not (tmp_path / "results").exists()
