@@ -60,7 +60,9 @@ def train(args, model: torch.nn.Module, device: torch.device, rank: int, world: 
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
             out = model(x)
-        loss = F.mse_loss(out, y)  # outside autocast, as ray-ddp's loop computes its loss
+        # outside autocast and in fp32, as ray-ddp's loop computes its loss (a bf16 output
+        # against an fp32 target fails in backward: "Found dtype Float but expected BFloat16")
+        loss = F.mse_loss(out.float(), y)
         loss.backward()
         optimizer.step()
         loss_sum += loss.detach()
