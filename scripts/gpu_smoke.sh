@@ -4,11 +4,15 @@
 # under FSDP, and ray-ddp against torchrun (benchmarks/throughput.py --preset gpu). Under 8
 # minutes.
 #   bash scripts/gpu_smoke.sh            (after bash scripts/install.sh on a CUDA machine)
+# PY=python (default .venv/bin/python), OUT=DIR for the reports (default /tmp/ray_ddp_gpu_smoke),
+# RUNS=DIR for the runs' folders (default OUT/runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
 OUT="${OUT:-/tmp/ray_ddp_gpu_smoke}"
-mkdir -p "$OUT"
+# the runs' folders (checkpoints, metrics) apart from the reports, which stay few and flat
+RUNS="${RUNS:-$OUT/runs}"
+mkdir -p "$OUT" "$RUNS"
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print('GPUs:', [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])" || exit 1
 
 "$PY" -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt"
@@ -17,14 +21,14 @@ tests_rc=${PIPESTATUS[0]}
 WIDTH=4096 DEPTH=8 DIM=4096 BATCH=256 STEPS=200
 "$PY" -m ray_ddp train --model mlp --width $WIDTH --depth $DEPTH --input-dim $DIM --output-dim $DIM \
     --batch-size $BATCH --amp bf16 --optimizer adamw --lr 1e-4 --gpus-per-worker 1 --workers 1 \
-    --epochs 1 --steps-per-epoch $STEPS --report-every 50 --storage "$OUT/runs" \
+    --epochs 1 --steps-per-epoch $STEPS --report-every 50 --storage "$RUNS" \
     --name "mlp-$(date +%s)" --quiet --json > "$OUT/throughput.json"
 train_rc=$?
 
 # the same model and batches under FSDP2 (bf16 parameters, fp32 gradient reduction)
 "$PY" -m ray_ddp train --strategy fsdp --model mlp --width $WIDTH --depth $DEPTH --input-dim $DIM \
     --output-dim $DIM --batch-size $BATCH --amp bf16 --optimizer adamw --lr 1e-4 --gpus-per-worker 1 \
-    --workers 1 --epochs 1 --steps-per-epoch $STEPS --report-every 50 --storage "$OUT/runs" \
+    --workers 1 --epochs 1 --steps-per-epoch $STEPS --report-every 50 --storage "$RUNS" \
     --name "fsdp-$(date +%s)" --quiet --json > "$OUT/throughput_fsdp.json"
 fsdp_rc=$?
 
