@@ -47,8 +47,9 @@ print(f"{sys.argv[5]}: mlp {params / 1e6:.0f}M params, bf16, 1 GPU: {summary['sa
       f"samples/s, {tflops:.1f} TFLOP/s achieved, final loss {summary['final_loss']:.4f}")
 PY
 done
-# does ray-ddp cost anything on a GPU? the same kind of model under torchrun, side by side
-"$PY" benchmarks/throughput.py --preset gpu --rounds 1 --no-save 2>&1 | tee "$OUT/vs_torchrun.txt" | tail -6
+# does ray-ddp cost anything on a GPU? the same kind of model under torchrun, side by side;
+# its result file (throughput-<machine>-<date>.json) lands in OUT: copy it to benchmarks/results/
+"$PY" benchmarks/throughput.py --preset gpu --rounds 1 --results-dir "$OUT" 2>&1 | tee "$OUT/vs_torchrun.txt" | tail -6
 bench_rc=${PIPESTATUS[0]}
 echo "gpu tests exit $tests_rc, throughput runs exit ddp $train_rc fsdp $fsdp_rc, vs torchrun exit $bench_rc"
 exit $(( tests_rc || train_rc || fsdp_rc || bench_rc ))
