@@ -135,6 +135,10 @@ BENCHES: dict[str, Bench] = {
         ("paired per round", "paired_ratio_all", "r3list"),
         ("grad addresses set_to_none", "grad_addresses_over_3_steps.set_to_none", "str"),
         ("grad addresses in place", "grad_addresses_over_3_steps.in_place", "str")])]),
+    "worker_setup": Bench("python benchmarks/worker_setup.py --rounds 5", [Table(columns=[
+        ("setup", "setup", "str"), ("CPU s collector on", "cpu_s.on", "n2"),
+        ("CPU s paused", "cpu_s.paused", "n2"), ("paired paused x on", "paired_ratio", "r3"),
+        ("paired per round", "paired_ratio_all", "r3list")])]),
     "gpt_tokens": Bench("python benchmarks/gpt_tokens.py --rounds 3", [Table(columns=[
         ("torchrun tokens/s", "tokens_per_s.torchrun", "n0"), ("ray-ddp tokens/s", "tokens_per_s.ray-ddp", "n0"),
         ("x torchrun", "ratio", "r3"), ("paired", "paired_ratio", "r3"),

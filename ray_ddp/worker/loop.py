@@ -14,8 +14,10 @@ DDP versus FSDP: it calls the strategy; and it meets Ray only through its sessio
 
 from __future__ import annotations
 
+import gc
 import time
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -57,32 +59,33 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
     """One worker's whole run, from the plan: the parts built, the checkpoint loaded, the
     epochs trained. ``session``: this rank, its reports and checkpoints (worker/session.py)."""
     started_at = started_at or time.time()
-    rank, world_size = session.rank, session.world_size
-    cfg = plan.run.run_config()  # the options the run trains with
-    # an elastic run gets its world size from Ray at each (re)start: the fixed global
-    # batch is cut into micro-batches and accumulation steps for this one
-    cut = plan.run.batch.cut(world_size)
-    objects = plan.load_objects()
-    devices = worker_devices(cfg, session)
-    # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
-    # follows the CPUs it asked for, but torch may have read it before)
-    torch.set_num_threads(cfg.cpus_per_worker or 1)
-    parts, state = build_parts(cfg, plan, build_strategy(cfg), devices, objects.get("model"),
-                               session.latest_checkpoint())
-    loaded_hash = weights_hash(parts.model) if state.step else None  # every rank loaded the same
-    if len(state.rng) == world_size:
-        restore_rng(state.rng[rank], devices)
-    else:  # a new run, or another world size: independent dropout-like noise per rank
-        torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
-    loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
-    # batches with labels: the model's own loss, if its forward takes them; else the task's
-    task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
-                      model_loss=plan.model_loss and takes_keyword(parts.model, "labels"))
-    source, val_set = build_inputs(cfg, cut, rank, devices[0], objects, plan.ray_data)
-    heartbeat = Heartbeat(plan.hang_watch, rank, session.node_id, session.node_ip,
-                          min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step)
-    run = WorkerRun(plan, cut, session, parts, task, source, val_set, state,
-                    {"loaded_hash": loaded_hash, "started_at": started_at}, heartbeat)
+    with collection_paused():
+        rank, world_size = session.rank, session.world_size
+        cfg = plan.run.run_config()  # the options the run trains with
+        # an elastic run gets its world size from Ray at each (re)start: the fixed global
+        # batch is cut into micro-batches and accumulation steps for this one
+        cut = plan.run.batch.cut(world_size)
+        objects = plan.load_objects()
+        devices = worker_devices(cfg, session)
+        # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
+        # follows the CPUs it asked for, but torch may have read it before)
+        torch.set_num_threads(cfg.cpus_per_worker or 1)
+        parts, state = build_parts(cfg, plan, build_strategy(cfg), devices, objects.get("model"),
+                                   session.latest_checkpoint())
+        loaded_hash = weights_hash(parts.model) if state.step else None  # every rank loaded the same
+        if len(state.rng) == world_size:
+            restore_rng(state.rng[rank], devices)
+        else:  # a new run, or another world size: independent dropout-like noise per rank
+            torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
+        loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
+        # batches with labels: the model's own loss, if its forward takes them; else the task's
+        task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
+                          model_loss=plan.model_loss and takes_keyword(parts.model, "labels"))
+        source, val_set = build_inputs(cfg, cut, rank, devices[0], objects, plan.ray_data)
+        heartbeat = Heartbeat(plan.hang_watch, rank, session.node_id, session.node_ip,
+                              min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step)
+        run = WorkerRun(plan, cut, session, parts, task, source, val_set, state,
+                        {"loaded_hash": loaded_hash, "started_at": started_at}, heartbeat)
     try:
         run.train()
     except RuntimeError as err:
@@ -93,6 +96,23 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
     finally:
         heartbeat.close()
         source.close()  # loader processes stop now, not when the worker's process ends
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a worker sets up. Set-up allocates
+    objects by the hundred thousand (DDP's constructor imports torch._dynamo), and each
+    full collection they trigger scans everything torch and Ray already hold: paused, the
+    same set-up takes less CPU (benchmarks/worker_setup.py). Collection resumes for the
+    training, and its first pass frees whatever cycles set-up left."""
+    if not gc.isenabled():  # the user's choice (or a caller's pause): left as it is
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class WorkerRun:

@@ -229,6 +229,11 @@ def fake_zero_grad(mod, monkeypatch):  # no Ray: the real thing, tiny
                                                     "--rounds", "2", "--results-dir", out]), 2
 
 
+def fake_worker_setup(mod, monkeypatch):
+    monkeypatch.setattr(mod, "run_arm", lambda arm: 1.0 if arm == "on" else 0.9)
+    return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
+
+
 def fake_gpt_tokens(mod, monkeypatch):
     monkeypatch.setattr(mod, "run_arm", lambda arm, args, data: 1000.0 if arm == "torchrun" else 990.0)
     return lambda out: argv_main(monkeypatch, mod, [
