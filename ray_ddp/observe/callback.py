@@ -25,8 +25,8 @@ from ray_ddp.observe.mlflow_tracking import log_window
 
 
 class MetricsCallback(UserCallback):
-    """Collects every rank's report into the run folder: the metrics table (appended at
-    each checkpoint), the validation table, progress.json, and the restarts and resizes
+    """Collects every rank's report into the run folder: the metrics table (each report's
+    rows in storage before the next report), the validation table, progress.json, and the restarts and resizes
     it sees; passes the windows on to MLflow and TensorBoard."""
 
     def __init__(self, storage: str, name: str, epochs: int, total_steps: int,
@@ -36,7 +36,7 @@ class MetricsCallback(UserCallback):
         self.epochs = epochs
         self.tensorboard = tensorboard
         self.keep, self.keep_best = keep, keep_best  # with keep_best, Ray keeps all: we prune
-        self._table = MetricsAppender()  # the rows not yet in a part of metrics.parquet
+        self._table = MetricsAppender()  # the open part of metrics.parquet and when to fold
         # (step, world size) of each window so far, earlier commands' included: read
         # lazily in the controller (it tells a resize)
         self._worlds: Optional[list[tuple[int, int]]] = None
@@ -78,10 +78,12 @@ class MetricsCallback(UserCallback):
                 self._write_tensorboard(store.path_on_disk(self.name), window)
             if progress.step >= self.total_steps or progress.early_stop:
                 self._close_tensorboard()
+        # every report's rows reach storage before the next report: a failure, an
+        # interruption or a killed driver loses none of the rows that explain it
+        self._table.write(store.fs, folder, seal=checkpoint is not None)
+        if any("val_loss" in window[0] for window in windows) or (checkpoint is not None and self._evals):
+            write_table(store.fs, folder.evals, pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
         if checkpoint is not None:
-            self._table.write_part(store.fs, folder)
-            if self._evals:
-                write_table(store.fs, folder.evals, pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
             if self.keep_best:
                 prune_checkpoints(store.fs, folder.path, self.keep, self._evals)
 
@@ -97,7 +99,7 @@ class MetricsCallback(UserCallback):
         self._evals = [] if evals is None else evals.to_pylist()
 
     def _record(self, first_step: int, windows: list[list[dict[str, Any]]]) -> None:
-        """The windows' rows (metrics.parquet's at the next checkpoint) and validations."""
+        """The windows' rows (in the open part of metrics.parquet) and validations."""
         self._table.add(first_step, [m for window in windows for m in window])
         self._evals = [r for r in self._evals if r["step"] < first_step]
         for window in windows:

@@ -1,12 +1,14 @@
 """metrics.parquet, appended to rather than rewritten: the metrics callback (in Ray
-Train's controller) writes each checkpoint's new rows as a part beside the table
-(``metrics.parts/part-<n>.parquet``), so a checkpoint costs its own rows, not the whole
-run's. The parts are folded into metrics.parquet once they hold as many rows as the
-table (the first checkpoint's at once, then at twice the rows, four times...: each row
-is rewritten a bounded number of times, so a run's writes grow with its rows, not with
-rows x checkpoints), and by the driver when a fit ends. So metrics.parquet is there from
-the first checkpoint on and holds the rows up to a checkpoint; every reader that must
-see them all reads the table and its parts as one (``read_metrics``).
+Train's controller) keeps the rows reported since the last seal in one open part beside
+the table (``metrics.parts/part-<n>.parquet``), rewritten at each report, so no
+reported row is only in memory: a failed fit, an interrupted one, or a driver killed
+with its controller loses none. A part is sealed at each checkpoint, or once it holds
+``SEAL_ROWS`` rows (a report rewrites at most that many), and a new one opened. The
+sealed parts are folded into metrics.parquet once they hold as many rows as the table
+(the first seal's at once, then at twice the rows, four times...: each row is rewritten
+a bounded number of times, so a run's writes grow with its rows, not with rows x
+checkpoints), and by the driver when a fit ends. Every reader that must see all the
+rows reads the table and its parts as one (``read_metrics``).
 
 A part says from which step it replaces what came before (``from_step``, in its
 metadata): a worker group restarted from a checkpoint re-reports the steps it redoes,
@@ -26,16 +28,19 @@ from ray_ddp.run_folder import RunFolder
 from ray_ddp.storage import read_table, write_table
 
 FROM_STEP = b"from_step"
+# The most rows an open part holds before it is sealed: what one report may rewrite.
+SEAL_ROWS = 4096
 
 
 class MetricsAppender:
-    """The rows reported since the last part was written, the step they replace from,
-    and how many rows the table and its parts hold (when to fold)."""
+    """The rows of the open part (reported since the last seal), the step they replace
+    from, and how many rows the table and the sealed parts hold (when to fold)."""
 
     def __init__(self, table_rows: int = 0):
         self._rows: list[dict[str, Any]] = []
         self._from_step: Optional[int] = None
         self._next_part: Optional[int] = None  # listed once, at the first write
+        self._open_part: Optional[int] = None  # the open part's number, once written
         self.table_rows, self.part_rows = table_rows, 0
 
     def add(self, first_step: int, rows: list[dict[str, Any]]) -> None:
@@ -45,25 +50,28 @@ class MetricsAppender:
         self._rows += [{c: r.get(c) for c in COLUMNS} for r in rows]
         self._from_step = first_step if self._from_step is None else min(self._from_step, first_step)
 
-    def write_part(self, fs: pafs.FileSystem, folder: RunFolder) -> None:
-        """The rows so far as the next part (nothing if none came); the parts folded into
+    def write(self, fs: pafs.FileSystem, folder: RunFolder, seal: bool) -> None:
+        """The open part's rows to storage (nothing if none came since the last seal);
+        ``seal`` (a checkpoint), or a full part: sealed, and the sealed parts folded into
         the table once they hold as many rows as it does."""
         if self._from_step is None:
             return
         table = pa.Table.from_pylist(self._rows, schema=SCHEMA)
         table = table.replace_schema_metadata({FROM_STEP: str(self._from_step).encode()})
-        if self.part_rows + table.num_rows >= self.table_rows:  # folded with the parts, never written as one
-            self.table_rows = fold_metrics(fs, folder, table)
-            self.part_rows, self._next_part = 0, None  # the parts' folder is gone
-        else:
+        if self._open_part is None:
             if self._next_part is None:
                 fs.create_dir(folder.metrics_parts, recursive=True)  # a local disk needs the folder
                 # after the parts there (a restarted controller's callback starts afresh)
                 self._next_part = 1 + max((_part_number(p) for p in _part_paths(fs, folder)), default=-1)
-            write_table(fs, folder.metrics_part(self._next_part), table)
-            self._next_part += 1
-            self.part_rows += table.num_rows
-        self._rows, self._from_step = [], None
+            self._open_part, self._next_part = self._next_part, self._next_part + 1
+        write_table(fs, folder.metrics_part(self._open_part), table)
+        if not seal and table.num_rows < SEAL_ROWS:
+            return
+        self._rows, self._from_step, self._open_part = [], None, None
+        self.part_rows += table.num_rows
+        if self.part_rows >= self.table_rows:
+            self.table_rows = fold_metrics(fs, folder)
+            self.part_rows, self._next_part = 0, None  # the parts' folder is gone
 
 
 def read_metrics(fs: pafs.FileSystem, folder: RunFolder, parts: Optional[list[str]] = None,

@@ -13,15 +13,16 @@ import json
 import math
 import re
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ray_ddp import ConfigError, TrainConfig, run
+from ray_ddp import ConfigError, TrainConfig, TrainingError, run
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.observe.report import write_report
 from ray_ddp.observe.runs import list_runs
 
-from ._runs import final_hashes, rows_of
+from ._runs import final_hashes, rows_of, small
 from gloo_run import train_in_gloo
 
 pytestmark = pytest.mark.ray
@@ -139,3 +140,27 @@ def test_an_elastic_run_survives_a_lost_worker_without_max_failures(ray_local, s
     [listing] = [r for r in list_runs(str(storage)) if r.name == "elastic-lost-worker"]
     assert listing.restarts == 1
     assert "failure at step" in write_report(str(storage), "elastic-lost-worker").text()
+
+
+def test_rows_reported_after_the_last_checkpoint_are_kept_when_the_run_fails(storage):
+    """A run that fails at step 27, its last checkpoint step 20's: the rows of steps 22-26
+    (those that explain a failure) are in metrics.parquet once the command ends."""
+    from torch import nn
+
+    class FailsAtStep27(nn.Module):  # the toy, until its 27th forward
+        def __init__(self):
+            super().__init__()
+            self.net, self.calls = nn.Linear(10, 5), 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 27:
+                raise RuntimeError("a bad batch at step 27")
+            return self.net(x)
+
+    cfg = small(storage, "rows-before-a-failure", report_every=2, report_interval=0)
+    with pytest.raises(TrainingError, match="a bad batch at step 27"):
+        train_in_gloo(cfg, model=FailsAtStep27)
+    table = pq.read_table(storage / "rows-before-a-failure" / "metrics.parquet")
+    assert sorted(set(table.column("step").to_pylist())) == list(range(2, 27, 2))
+    assert not (storage / "rows-before-a-failure" / "metrics.parts").exists()  # folded by the driver

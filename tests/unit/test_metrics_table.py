@@ -70,14 +70,14 @@ def test_parts_after_an_older_table_drop_its_redone_steps_and_fill_its_missing_c
     pq.write_table(old, tmp_path / "r" / METRICS_FILE)
     appender = MetricsAppender(table_rows=3)  # a part of 1 row stays a part beside 3
     appender.add(21, [row(25, 0, 3.0)])  # resumed from step 20's checkpoint: 30 is redone
-    appender.write_part(store.fs, folder)
-    appender.write_part(store.fs, folder)  # nothing new: no part
+    appender.write(store.fs, folder, seal=True)
+    appender.write(store.fs, folder, seal=True)  # nothing new: no part
     merged = read_metrics(store.fs, folder)
     assert keys(merged) == [(10, 0, 1.0), (20, 0, 1.0), (25, 0, 3.0)]
     assert merged.to_pylist()[-1]["samples"] == 8 and merged.to_pylist()[0]["samples"] is None
     assert len(list((tmp_path / "r" / METRICS_PARTS_FOLDER).iterdir())) == 1
     appender.add(30, [row(30, 0, 3.0), row(35, 0, 3.0)])  # 3 rows appended now: folded into the table
-    appender.write_part(store.fs, folder)
+    appender.write(store.fs, folder, seal=True)
     assert keys(pq.read_table(tmp_path / "r" / METRICS_FILE)) == [(10, 0, 1.0), (20, 0, 1.0), (25, 0, 3.0),
                                                                  (30, 0, 3.0), (35, 0, 3.0)]
     assert not (tmp_path / "r" / METRICS_PARTS_FOLDER).exists()
@@ -88,3 +88,46 @@ def test_a_run_with_neither_reads_as_none(tmp_path):
     assert read_metrics(store.fs, RunFolder(str(tmp_path / "none"))) is None
     fold_metrics(store.fs, RunFolder(str(tmp_path / "none")))  # nothing to fold: nothing written
     assert not (tmp_path / "none").exists()
+
+
+def test_rows_reported_after_the_last_checkpoint_survive_a_failure_and_a_killed_driver(tmp_path):
+    """A report every 2 steps, a checkpoint at step 10, then the run dies after step 30:
+    the rows of steps 12-30 are those that explain the failure. Each report's rows are in
+    storage before the next report comes, so they survive a failed fit, and a controller
+    killed with its driver (no hook runs): the next command reads them, and its fold keeps them."""
+    (tmp_path / "r").mkdir()
+    store = resolve_storage(str(tmp_path))
+    folder = store.run_folder("r")
+    callback = MetricsCallback(str(tmp_path), "r", epochs=3, total_steps=30)
+    for step in range(2, 31, 2):
+        callback.after_report(None, [row(step, 0), row(step, 1)], checkpoint(step) if step == 10 else None)
+        # no hook after this report: what a killed driver (and its controller) leaves
+        assert sorted(set(read_metrics(store.fs, folder).column("step").to_pylist())) == list(range(2, step + 1, 2))
+    callback.after_exception(None, {})
+    fold_metrics(store.fs, folder)  # what the driver does after the failed fit
+    assert sorted(set(pq.read_table(tmp_path / "r" / METRICS_FILE).column("step").to_pylist())) == \
+        list(range(2, 31, 2))
+    # the next command's group redoes steps 11-30 from step 10's checkpoint: its rows replace the lost attempt's
+    again = MetricsCallback(str(tmp_path), "r", epochs=3, total_steps=30)
+    again.after_report(None, [row(12, 0, 5.0, started_at=1.0), row(12, 1, 5.0, started_at=1.0)], None)
+    assert keys(read_metrics(store.fs, folder))[-2:] == [(12, 0, 5.0), (12, 1, 5.0)]
+    assert len(read_metrics(store.fs, folder)) == 12
+
+
+def test_an_open_part_is_rewritten_in_place_and_sealed_at_a_size_bound(tmp_path, monkeypatch):
+    """Rows since the last seal live in one part, rewritten at each report: the parts'
+    count grows with sealed parts only, and a seal comes at a checkpoint or a size bound."""
+    import ray_ddp.observe.metrics_table as metrics_table
+
+    monkeypatch.setattr(metrics_table, "SEAL_ROWS", 6)
+    (tmp_path / "r").mkdir()
+    store = resolve_storage(str(tmp_path))
+    folder = store.run_folder("r")
+    appender = MetricsAppender(table_rows=100)  # a big table: no fold here
+    for step in range(1, 8):
+        appender.add(step, [row(step, 0), row(step, 1)])
+        appender.write(store.fs, folder, seal=False)
+    parts = sorted(p.name for p in (tmp_path / "r" / METRICS_PARTS_FOLDER).iterdir())
+    # steps 1-3 (6 rows) sealed as part 0, steps 4-6 as part 1, step 7 open in part 2
+    assert parts == ["part-000000.parquet", "part-000001.parquet", "part-000002.parquet"], parts
+    assert [s for s, _, _ in keys(read_metrics(store.fs, folder))] == [s for s in range(1, 8) for _ in (0, 1)]
