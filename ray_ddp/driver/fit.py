@@ -25,6 +25,7 @@ from ray_ddp.driver.status import read_events, write_status
 from ray_ddp.errors import StorageError, TrainingError
 from ray_ddp.worker.collectives import start_up_timeout_s
 from ray_ddp.observe.metrics_table import fold_metrics, read_metrics
+from ray_ddp.observe.mlflow_tracking import resume_tracking
 from ray_ddp.observe.summarize import world_stretches
 
 
@@ -58,6 +59,8 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
                             train_controller_env(nccl_hang_env(placement.backend, cfg.hang_timeout)):
                         plan = plan_workers(run, scan, objects, init_from, model_loss, monitor.actor,
                                             ray_inputs[2] if ray_inputs else None)
+                        # the steps an earlier fit's controller logged (it is gone): not logged twice
+                        tracking = resume_tracking(tracking) if tracking is not None else None
                         (fit or fit_on_ray)(cfg, store, placement, plan, objects, tracking, ray_inputs)
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
                     told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())

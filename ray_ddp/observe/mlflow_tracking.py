@@ -8,6 +8,7 @@ and two processes write to this run. mlflow is an optional extra, imported only 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -119,7 +120,7 @@ def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_
         if found:
             run = found[0]
             client.update_run(run.info.run_id, status="RUNNING")  # a resume continues it
-            logged_until = max((m.step for m in client.get_metric_history(run.info.run_id, "loss")), default=0)
+            logged_until = _logged_until(client, run.info.run_id)
         else:
             tags = {RUN_TAG: run_name, RUN_ID_TAG: identity, LOCATION_TAG: location,
                     **({PARENT_TAG: parent} if parent else {})}
@@ -131,6 +132,24 @@ def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_
         raise ConfigError(f"--mlflow {uri}: the tracking server refused the run "
                           f"({type(e).__name__}: {_one_line(e)}); check the URI and the server's log") from None
     return MlflowConfig(uri=uri, run_id=run.info.run_id, experiment_id=experiment_id, logged_until=logged_until)
+
+
+def _logged_until(client, run_id: str) -> int:
+    """The last step of the run's loss history on the server (0: none)."""
+    return max((m.step for m in client.get_metric_history(run_id, "loss")), default=0)
+
+
+def resume_tracking(tracking: MlflowConfig) -> MlflowConfig:
+    """``tracking`` with the steps logged so far read back from the server, for a fit's
+    controller: the previous fit's controller advanced ``logged_until`` in a process that
+    is gone (a driver-level restart: an elastic resize, a forgiven preemption), and its
+    redone steps must not be logged twice. Unchanged if the server does not answer (the
+    controller's first failed log then turns tracking off, as mid-run)."""
+    try:
+        return dataclasses.replace(tracking, logged_until=max(tracking.logged_until,
+                                                              _logged_until(_client(tracking.uri), tracking.run_id)))
+    except Exception:  # the server's or the client's: never the fit's end
+        return tracking
 
 
 def log_params(client, run_id: str, logged: dict[str, str], params: dict[str, str], Param) -> None:

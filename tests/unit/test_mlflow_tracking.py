@@ -39,3 +39,29 @@ def test_without_mlflow_installed_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` now fails
     with pytest.raises(ConfigError, match=r"pip install 'ray_ddp\[mlflow\]'"):
         open_tracking("http://127.0.0.1:1", "run-x", {}, identity="a1")
+
+
+def test_a_fit_after_a_driver_restart_does_not_log_the_redone_steps_again(tmp_path):
+    """The first fit's controller logged steps 5-15 and is gone; the next fit (an elastic
+    resize, a forgiven preemption) redoes steps from step 10's checkpoint: its controller
+    starts from what the server holds, not from the command's start (nothing logged)."""
+    from ray_ddp.observe.callback import MetricsCallback
+    from ray_ddp.observe.mlflow_tracking import _client, resume_tracking
+
+    at_start = open_tracking(f"sqlite:///{tmp_path}/mlflow.db", "run-x", {"lr": 0.1}, identity="a1")
+    assert at_start.logged_until == 0
+    (tmp_path / "r").mkdir()
+
+    def report(callback, step, loss):
+        row = {"epoch": 1, "step": step, "rank": 0, "loss": loss, "samples": 8, "units": 8.0, "step_time_s": 0.1,
+               "samples_per_s": 80.0, "time": float(step), "busy_s": 0.05, "world_size": 1}
+        callback.after_report(None, [row], None)
+
+    first = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, tracking=at_start)
+    for step in (5, 10, 15):
+        report(first, step, 1.0)
+    second = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, tracking=resume_tracking(at_start))
+    for step in (15, 20):  # redone from step 10's checkpoint, then new
+        report(second, step, 2.0)
+    history = _client(at_start.uri).get_metric_history(at_start.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(5, 1.0), (10, 1.0), (15, 1.0), (20, 2.0)]
