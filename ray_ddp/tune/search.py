@@ -5,8 +5,11 @@ one ray-ddp run, its validations reported to Tune as they land).
 Each trial is a complete ``ray_ddp.run`` in ``<storage>/<name>/trial-<k>`` (checkpoints,
 metrics, summary: every trainer feature), so ASHA's early stops cost nothing special: a
 stopped trial is an interrupted run that its folder can resume. Tune's own state is
-kept in ``<storage>/<name>/tune/``; a rerun of the same name restores it and goes on
-with the unfinished trials, each resuming its own checkpoint.
+kept in ``<storage>/<name>/tune/`` and never loaded (it is pickle): a rerun of the same
+name makes the search again from its seed and goes on with the unfinished trials, each
+resuming its own checkpoint. Each trial's draw is kept in ``draws.json``
+(tune/draws.py): a rerun whose file draws a started trial otherwise is refused before
+anything starts.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ray_ddp.run_folder import RunFolder
 from ray_ddp.storage import read_json, read_table, resolve_storage, write_json, write_table
 from ray_ddp.cluster.runtime_env import user_module_paths
 from ray_ddp.tune.space import TuneConfig, max_epochs, pick_candidates, sample_space, trial_config
+from ray_ddp.tune.draws import check_draws, save_draws
 from ray_ddp.tune.lines import error_line, trial_index, trial_lines
 from ray_ddp.tune.tracking import open_search_tracking, tracked_search
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
@@ -110,10 +114,14 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
         raise ConfigError(f"ray-ddp tune keeps its search on a local or shared path; --storage "
                           f"{store.uri} is not one")
     root = store.run_path(name)
+    # before anything else: a file edited since the trials were drawn is refused, even a
+    # finished search's (its table would be shown as this file's)
+    draws = check_draws(tc, store, root)
     finished = finished_search(tc, store, root)
     if finished is not None:
         echo(f"ray-ddp tune: search {name} is complete ({root}/{TRIALS_FILE})")
         return finished
+    save_draws(store, root, draws)  # stored when first drawn: what a rerun is checked against
     workers = int(str(base.workers or 2).split("-")[-1])
     # Tune's own boxes and tables would bury the trials' lines (--verbose brings them back)
     if not base.verbose:
@@ -129,7 +137,7 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
         tc, tracking = open_search_tracking(tc, name, store, root)  # --mlflow: trials nest under it
         lines = trial_lines(echo, tc)
         with tracked_search(tracking, echo) as rows:
-            _tuner(tc, name, store, root, echo, lines).fit()
+            _tuner(tc, name, store, root, echo, lines, draws).fit()
             rows.extend(collect_trials(tc, name, tune_trials(lines), store, root))
             write_results(store, root, rows)
     return rows
@@ -166,7 +174,8 @@ def search_name(tc: TuneConfig) -> str:
     return tc.train.get("name") or time.strftime("tune-%Y%m%d-%H%M%S")
 
 
-def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], None], lines):
+def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], None], lines,
+           draws: list[dict[str, Any]]):
     import ray.tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -179,15 +188,17 @@ def _tuner(tc: TuneConfig, name: str, store, root: str, echo: Callable[[str], No
     # A rerun never restores Tune's saved state (tuner.pkl and the trials' state are
     # pickle: whoever can write the search's folder would run code as the user). The
     # search is made again instead: the same seed draws the same trials in the same
-    # order, and each trial's ray-ddp run resumes its own folder from its checkpoint (a
-    # complete one returns at once and reports its validations to ASHA again).
+    # order (``draws``, checked against those stored, handed to Tune as they are), and
+    # each trial's ray-ddp run resumes its own folder from its checkpoint (a complete one
+    # returns at once and reports its validations to ASHA again).
     if any(p.base_name.startswith("trial-") for p in _children(store, root)):
         echo(f"ray-ddp tune: continuing search {name}: each trial resumes its own run")
+    drawn = BasicVariantGenerator(points_to_evaluate=[dict(d) for d in draws], random_state=tc.seed)
     return ray.tune.Tuner(
         trainable, param_space=sample_space(tc),
         tune_config=ray.tune.TuneConfig(metric=tc.metric, mode=tc.mode, num_samples=tc.trials,
                                         max_concurrent_trials=tc.concurrent, scheduler=build_scheduler(tc),
-                                        search_alg=BasicVariantGenerator(random_state=tc.seed)),
+                                        search_alg=drawn),
         run_config=ray.tune.RunConfig(name=TUNE_DIR, storage_path=root, verbose=0,
                                       callbacks=[lines]),
     )
