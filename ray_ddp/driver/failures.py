@@ -6,7 +6,8 @@ Ray Train reports a failed worker group as one exception per rank. When a worker
 node dies, the dead rank's entry is an actor error and the others fail on the broken
 connection (a gloo "Connection reset by peer"); a transport error alone tells the user
 nothing, so the line names the rank, its node, whether the process or the node was lost,
-and the flag that would have let the run go on.
+and the flag that would have let the run go on. A process Ray's memory monitor killed is
+told as that (which rank, which node, what lowers its memory), not as a lost node.
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ _NODE_LOST = re.compile(r"node .*(terminated|died|dead|lost)|missing too many he
                         r"raylet", re.IGNORECASE)
 
 
+# Ray's memory monitor killing a worker, in Ray 2.60's words: the raylet's "N worker(s)
+# were killed due to the node running low on memory" (older Ray: "Task was killed due
+# to ..."), and the GCS's exit type for the actor it killed. Its text names the raylet
+# (`ray logs raylet.out`), so it is matched before _NODE_LOST. Not the kernel's OOM killer:
+# Ray cannot tell that from any SIGKILL and only guesses it among other causes.
+_OUT_OF_MEMORY = re.compile(r"killed due to the node running low on memory|Worker exit type: NODE_OUT_OF_MEMORY")
+
+
+_NODE_MEMORY = re.compile(r"was (\S+)GB used / (\S+)GB limit")
+
+
+_OOM_IP = re.compile(r"Memory on the node \(IP: ([^,\s]+)")
+
+
+# What lowers a rank's host memory; a restart with the same options would run out again.
+OOM_ADVICE = ("give fewer --loader-workers, a smaller --batch-size, or --strategy fsdp (or a node with more "
+              "memory); a restart with the same options would run out again")
+
+
 _IP = re.compile(r"\bip: (\S+)")
 
 
@@ -35,12 +55,13 @@ _PID = re.compile(r"\bpid: (\d+)")
 @dataclass(frozen=True)
 class FailureSummary:
     """The rank that explains a failed worker group: ``lost`` is "process" or "node" when
-    its worker or node died, "peer" when only the survivors' broken connections are
-    known, None for an error raised in training (a bug, a bad batch)."""
+    its worker or node died, "oom" when Ray killed its process for the node's memory,
+    "peer" when only the survivors' broken connections are known, None for an error
+    raised in training (a bug, a bad batch)."""
 
     rank: int
     node: str  # the node's IP address where Ray's error names it, else its node ID
-    lost: Optional[str]
+    lost: Optional[str]  # also "oom": Ray's memory monitor killed its process
     cause: str
     preempted: bool = False
     node_id: str = ""  # Ray's node ID, as preemption notices name nodes ("" if not known)
@@ -51,7 +72,7 @@ def summarize_failure(worker_failures: dict[int, Exception], nodes: dict[str, An
     ranked = []
     for rank, error in worker_failures.items():
         lost, cause, preempted, ip = _classify(error)
-        order = {"node": 0, "process": 0, None: 1, "peer": 2}[lost]
+        order = {"oom": 0, "node": 0, "process": 0, None: 1, "peer": 2}[lost]
         ranked.append((order, rank, lost, cause, preempted, ip))
     if not ranked:
         return FailureSummary(-1, "?", None, "the worker group failed")
@@ -66,6 +87,8 @@ def _classify(error: Exception) -> tuple[Optional[str], str, bool, str]:
 
     inner = getattr(error, "health_check_failure", error)  # Ray Train's health check wraps it
     text = str(inner).strip()
+    if _is_out_of_memory(inner, text):
+        return "oom", _memory_cause(text), False, _find(_IP, text) or _find(_OOM_IP, text)
     if isinstance(inner, RayActorError):
         ip, pid = _IP.search(text), _PID.search(text)
         if _NODE_LOST.search(text) or inner.preempted:
@@ -78,9 +101,33 @@ def _classify(error: Exception) -> tuple[Optional[str], str, bool, str]:
     return None, last, False, ""
 
 
+def _is_out_of_memory(error: BaseException, text: str) -> bool:
+    """Ray's memory monitor killed the process: its typed error, or its words in the
+    error of the actor it killed."""
+    from ray.exceptions import OutOfMemoryError
+
+    return isinstance(error, OutOfMemoryError) or bool(_OUT_OF_MEMORY.search(text))
+
+
+def _memory_cause(text: str) -> str:
+    """'ran out of host memory (Ray's memory monitor killed its process 4711; the node
+    had 7.61GB used / 7.75GB limit)', with what Ray's message tells."""
+    pid, memory = _find(_PID, text), _NODE_MEMORY.search(text)
+    node = f"; the node had {memory[1]}GB used / {memory[2]}GB limit" if memory else ""
+    return f"ran out of host memory (Ray's memory monitor killed its process{f' {pid}' if pid else ''}{node})"
+
+
+def _find(pattern: re.Pattern, text: str) -> str:
+    found = pattern.search(text)
+    return found[1] if found else ""
+
+
 def describe_loss(failure: FailureSummary, step: Optional[int]) -> str:
     """'rank 1 on node 10.0.0.7 was lost (its process 4711 died) at step 37'."""
     at = f" at step {step}" if step is not None else ""
+    if failure.lost == "oom":
+        cause = failure.cause.removeprefix("ran out of host memory")
+        return f"rank {failure.rank} on node {failure.node} ran out of host memory{at}{cause}: {OOM_ADVICE}"
     if failure.lost == "peer":
         return (f"rank {failure.rank} on node {failure.node} {failure.cause}{at}: a worker or "
                 "node of the run was lost")

@@ -120,7 +120,10 @@ def fold_metrics_after_fit(store: StorageConfig, folder: RunFolder) -> None:
 
 def controller_events(store: StorageConfig, run_path: str) -> list[Event]:
     """The worker-group restarts the metrics callback saw within one fit (progress.json)."""
-    progress = read_progress(store, run_path)
+    try:
+        progress = read_progress(store, run_path)
+    except StorageError:  # a failed read must not end a fit that succeeded (nor hide how one failed)
+        return []
     return from_records(progress.events) if progress else []
 
 

@@ -7,6 +7,9 @@ pipes) it prints one plain line per report it sees; ``--quiet`` shows neither. S
 warnings (decided in the callback, which sees every report), preemption checkpoints and
 an early stop are printed either way.
 
+The display only shows: a read the storage fails is read again at the next poll, and an
+error it did not expect is one warning line, after which it polls on. Neither can end
+the fit or change how it ended.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 from ray_ddp.driver.events import Event, attribute_hangs, from_records, where_restarted
 from ray_ddp.run_folder import Progress, RunFolder
+from ray_ddp.errors import StorageError
 from ray_ddp.storage import StorageConfig, read_json
 
 
@@ -119,57 +123,13 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
         return
     if terminal is None:
         terminal = echo is print and sys.stdout.isatty()
-    bar = _Bar() if terminal else None
-    seen = read_progress(store, run_path)  # a resumed run's old file: not news
-    last_time = seen.time if seen else None
-    warned: set[tuple[int, int]] = set()
-    told = len(seen.preemptions) if seen else 0  # preemptions already printed
-    # Ray Train's restarts and resizes already printed (a new controller starts its list
-    # afresh, so they are told apart by their time, not counted)
-    told_events = {(e.type, e.time) for e in from_records(seen.events if seen else None)}
-    hangs_told: set = set()  # the times of the hangs whose restart was told
+    display = _Display(store, run_path, echo, _Bar() if terminal else None, hangs)
+    say = _warn_once(display.write)
     stop = threading.Event()
-
-    shown = None  # (step, time) of the report shown last
-
-    def show_new() -> None:
-        nonlocal last_time, told, shown
-        p = read_progress(store, run_path)
-        if p is None or p.time == last_time:
-            return
-        last_time = p.time
-        straggler = p.straggler
-        if straggler and (straggler["rank"], straggler["since_step"]) not in warned:
-            warned.add((straggler["rank"], straggler["since_step"]))
-            (bar.write if bar else echo)(format_straggler(straggler))
-        events = p.preemptions
-        if len(events) < told:  # a new controller (a resumed run) starts its list afresh
-            told = 0
-        for event in events[told:]:
-            (bar.write if bar else echo)(format_preemption(event))
-        told = len(events)
-        for event in from_records(p.events):
-            if (event.type, event.time) not in told_events:
-                told_events.add((event.type, event.time))
-                unused = [h for h in hangs() if h.time not in hangs_told]
-                [event], left = attribute_hangs([event], unused)
-                hangs_told.update(h.time for h in unused if h not in left)
-                (bar.write if bar else echo)(format_event(event))
-        # a write that only added an event or a new group's nodes is not a new report
-        report = (p.step, p.report_time or p.time)
-        if p.step is None or report == shown:
-            return
-        shown = report
-        if bar is not None:
-            bar.show(p)
-        else:
-            echo(format_progress(p))
-        if p.early_stop:  # the run's last report: after its progress line
-            (bar.write if bar else echo)(format_early_stop(p.early_stop))
 
     def poll() -> None:
         while not stop.wait(every_s):
-            show_new()
+            show_safely(display.show_new, say)
 
     thread = threading.Thread(target=poll, name="ray_ddp-progress", daemon=True)
     thread.start()
@@ -178,6 +138,94 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     finally:
         stop.set()
         thread.join()
-        show_new()
-        if bar is not None:
-            bar.close()
+        # the last report, if it can be read: the display never decides how the fit ended
+        show_safely(display.show_new, say)
+        if display.bar is not None:
+            display.bar.close()
+
+
+class _Display:
+    """What the poll has shown so far, and the showing of each new progress.json."""
+
+    def __init__(self, store: StorageConfig, run_path: str, echo: Callable[[str], None],
+                 bar: Optional[_Bar], hangs: Callable[[], list[Event]]) -> None:
+        self.store, self.run_path, self.echo, self.bar, self.hangs = store, run_path, echo, bar, hangs
+        seen = _read_for_display(store, run_path)  # a resumed run's old file: not news
+        self.last_time = seen.time if seen else None
+        self.warned: set[tuple[int, int]] = set()
+        self.told = len(seen.preemptions) if seen else 0  # preemptions already printed
+        # Ray Train's restarts and resizes already printed (a new controller starts its list
+        # afresh, so they are told apart by their time, not counted)
+        self.told_events = {(e.type, e.time) for e in from_records(seen.events if seen else None)}
+        self.hangs_told: set = set()  # the times of the hangs whose restart was told
+        self.shown: Optional[tuple] = None  # (step, time) of the report shown last
+
+    def write(self, line: str) -> None:
+        (self.bar.write if self.bar else self.echo)(line)
+
+    def show_new(self) -> None:
+        p = _read_for_display(self.store, self.run_path)
+        if p is None or p.time == self.last_time:
+            return
+        self.last_time = p.time
+        straggler = p.straggler
+        if straggler and (straggler["rank"], straggler["since_step"]) not in self.warned:
+            self.warned.add((straggler["rank"], straggler["since_step"]))
+            self.write(format_straggler(straggler))
+        events = p.preemptions
+        if len(events) < self.told:  # a new controller (a resumed run) starts its list afresh
+            self.told = 0
+        for event in events[self.told:]:
+            self.write(format_preemption(event))
+        self.told = len(events)
+        for event in from_records(p.events):
+            if (event.type, event.time) not in self.told_events:
+                self.told_events.add((event.type, event.time))
+                unused = [h for h in self.hangs() if h.time not in self.hangs_told]
+                [event], left = attribute_hangs([event], unused)
+                self.hangs_told.update(h.time for h in unused if h not in left)
+                self.write(format_event(event))
+        # a write that only added an event or a new group's nodes is not a new report
+        report = (p.step, p.report_time or p.time)
+        if p.step is None or report == self.shown:
+            return
+        self.shown = report
+        if self.bar is not None:
+            self.bar.show(p)
+        else:
+            self.echo(format_progress(p))
+        if p.early_stop:  # the run's last report: after its progress line
+            self.write(format_early_stop(p.early_stop))
+
+
+def _read_for_display(store: StorageConfig, run_path: str) -> Optional[Progress]:
+    """read_progress, None where the storage fails: the display shows what it can read,
+    and the next poll (or the last read) reads the file again."""
+    try:
+        return read_progress(store, run_path)
+    except StorageError:
+        return None
+
+
+def show_safely(show: Callable[[], None], say: Callable[[str], None]) -> None:
+    """One poll of the display. An error it did not expect (a bug, a file it cannot
+    show) is one warning line and the poll goes on: the display thread never dies
+    silently, and never ends the fit."""
+    try:
+        show()
+    except Exception as err:  # any: this thread's death would be silent to the user
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        say(f"warning: the progress display failed ({type(err).__name__}: {first}); training goes on, "
+            "and its progress shows again with the next report it can read")
+
+
+def _warn_once(write: Callable[[str], None]) -> Callable[[str], None]:
+    """``write``, each distinct line once (an error that repeats every poll is said once)."""
+    said: set[str] = set()
+
+    def say(line: str) -> None:
+        if line not in said:
+            said.add(line)
+            write(line)
+
+    return say

@@ -12,7 +12,9 @@ those, each a new TorchTrainer from the newest checkpoint:
 - a node that dies after its preemption notice was preempted, whenever it dies: the run
   restarts from the preemption checkpoint, counted against ``--max-preemptions``, never
   against ``--max-failures``.
-An error raised in training (a bug, a bad batch) never restarts: it would be raised again.
+An error raised in training (a bug, a bad batch) never restarts: it would be raised again;
+nor does a process Ray's memory monitor killed (out of host memory): it is no lost node,
+and the same options would run out again.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ def decide_restart(failure: FailureSummary, policy: RestartPolicyConfig, state: 
     """What the driver does after ``failure`` ended a fit, given the nodes whose
     preemption notice the run saw, the nodes its ranks ran on, and the newest usable
     checkpoint (None: none)."""
-    if failure.lost is None:  # an error in training: restarting would raise it again
+    # an error in training: restarting would raise it again; a process Ray's memory monitor
+    # killed: the same options would run out of memory again (its line says what to change)
+    if failure.lost in (None, "oom"):
         return RestartDecision(False, "", False, state)
     repeats = state.repeats + 1 if checkpoint == state.last_checkpoint else 1
     state = dataclasses.replace(state, last_checkpoint=checkpoint, repeats=repeats)

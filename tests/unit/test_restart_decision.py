@@ -16,6 +16,8 @@ NODE = FailureSummary(1, "10.0.0.7", "node", "its node died", node_id="b")
 BUG = FailureSummary(0, "10.0.0.6", None, "ValueError: bad batch", node_id="a")
 SURVIVOR = FailureSummary(0, "10.0.0.6", "peer", "lost its connection", node_id="a")
 SPOT = FailureSummary(1, "10.0.0.7", "node", "its node died", preempted=True, node_id="b")
+OOM = FailureSummary(1, "10.0.0.7", "oom", "ran out of host memory (Ray's memory monitor killed its process 7)",
+                     node_id="b")
 
 FIXED = RestartPolicyConfig(elastic=False, max_failures=None, max_preemptions=-1)
 ELASTIC = RestartPolicyConfig(elastic=True, max_failures=None, max_preemptions=-1)
@@ -37,6 +39,10 @@ NODES = {"a", "b"}
     (LOST, dataclasses.replace(FIXED, max_failures=0), set(), False, "; pass --max-failures N (-1: no limit)"),
     # an error raised in training never restarts, and names no flag
     (BUG, ELASTIC, set(), False, ""),
+    # nor does a process Ray's memory monitor killed: not a lost node, and it would run
+    # out again (its own line says what to change), even on a node being preempted
+    (OOM, ELASTIC, set(), False, ""),
+    (OOM, FIXED, {"b"}, False, ""),
     (BUG, FIXED, {"a"}, False, ""),
     # a node that dies after its notice is a preemption, even seen only through a
     # survivor's broken connection, and even in a fixed run whose --max-failures is spent
