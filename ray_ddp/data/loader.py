@@ -15,6 +15,13 @@ the wrong rows). ``loader_val_batches`` reads the validation batches the same wa
 
 A rank whose part of a step is empty (the last step of an epoch, more ranks than rows
 left) gets the empty batch ``rows_fetcher`` makes, without the loader.
+
+A Dataset's random draws (augmentations) are seeded per micro-batch (``draw_seed``: run
+seed, rank, epoch, step, micro-batch), in the loader process that reads it, around the
+items and the collate: torch seeds loader processes once, when they start, and they
+persist from epoch to epoch, so their own generators would make a resumed run draw
+otherwise than one that never stopped. So any number of loader processes, none included
+(the training thread's ``IndexedSource``), draws the same.
 """
 
 from __future__ import annotations
@@ -25,12 +32,21 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ray_ddp.data.sources import epoch_order, rows_of_step, steps_for_rows
+from ray_ddp.data.sources import draw_seed, epoch_order, rows_of_step, seeded_draws, steps_for_rows
 from ray_ddp.data.user import collate_items, rows_fetcher
 
 _PREFETCH = 2  # batches each worker process reads ahead (torch's default)
+
+
+class MicroBatch(list):
+    """A micro-batch's dataset rows (a list of indices, as a batch sampler yields) and the
+    seed of its random draws (``draw_seed``), which travels with it to the loader process."""
+
+    def __init__(self, indices: list[int], seed: int):
+        super().__init__(indices)
+        self.seed = seed
 
 
 class StepBatchSampler(Sampler[list[int]]):
@@ -38,9 +54,10 @@ class StepBatchSampler(Sampler[list[int]]):
     micro-batch) to the end of the epoch: for each step and each micro-batch, the rows
     ``rows_of_step(epoch_order(rows, seed, epoch), step, rank, micro, ...)``, mapped
     through ``index_map`` (row k of the source is dataset row ``index_map[k]``: a
-    ``--val-fraction`` training subset). Empty lists are left out: the source makes
-    those batches itself. ``start`` aims it at another epoch or step; an iteration
-    already begun keeps the start it began with."""
+    ``--val-fraction`` training subset), each a ``MicroBatch`` that carries its draw
+    seed. Empty lists are left out: the source makes those batches itself. ``start``
+    aims it at another epoch or step; an iteration already begun keeps the start it
+    began with."""
 
     def __init__(self, rows: int, seed: int, rank: int, world: int, global_batch: int,
                  grad_accum: int, steps: int, epoch: int = 0, start_step: int = 0,
@@ -76,8 +93,10 @@ class StepBatchSampler(Sampler[list[int]]):
                 if len(idx):
                     yield step, micro, idx if self.index_map is None else self.index_map[idx]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return (idx.tolist() for _, _, idx in self.plan())
+    def __iter__(self) -> Iterator[MicroBatch]:
+        epoch = self.epoch  # read when the iteration begins, as plan() reads it
+        for step, micro, idx in self.plan():
+            yield MicroBatch(idx.tolist(), draw_seed(self.seed, self.rank, epoch, step, micro))
 
     def __len__(self) -> int:
         return sum(1 for _ in self.plan())
@@ -109,8 +128,9 @@ class LoaderSource:
                                         index_map=index_map)
         direct = rows_fetcher(dataset, collate)  # empty shares (and steps past ``steps``)
         self._fetch = direct if index_map is None else (lambda idx: direct(index_map[idx]))
-        self._new_loader = functools.partial(_data_loader, dataset, self.sampler, collate, workers, pin,
-                                             seed, persistent=True, prefetch_factor=prefetch_factor)
+        self._new_loader = functools.partial(_data_loader, _SeededBatches(dataset, collate), self.sampler,
+                                             _only_item, workers, pin, seed, persistent=True,
+                                             prefetch_factor=prefetch_factor)
         self._loader = self._new_loader()
         self._batches: Optional[Iterator] = None  # the loader's iteration
         self._cursor: Optional[Iterator] = None  # what it yields, in order: (epoch, step, micro)
@@ -119,14 +139,12 @@ class LoaderSource:
 
     def micro_batch(self, epoch: int, step: int, micro: int):
         idx, share = self.sampler.rows_of(epoch, step, micro)
-        if len(idx) == 0:
-            x, y = self._fetch(idx)
-            return x, y, share
         key = (epoch, step, micro)
-        if self._next != key:
+        if len(idx) and self._next != key:
             self._begin(key)
-        if self._next != key:  # past the sampler's steps: not the loader's to read
-            x, y = self._fetch(idx)
+        if len(idx) == 0 or self._next != key:  # empty, or past the sampler's steps: not the loader's
+            with seeded_draws(draw_seed(self.seed, self.rank, *key)):  # what the loader would draw
+                x, y = self._fetch(idx)
             return x, y, share
         try:
             x, y = next(self._batches)
@@ -148,12 +166,13 @@ class LoaderSource:
         self.sampler.start(epoch, step, micro)
         self._cursor = ((epoch, s, m) for s, m, _ in self.sampler.plan())
         self._next = next(self._cursor, None)
-        # the loader processes' random draws (a Dataset's augmentations) differ by rank and by
-        # epoch, and a resumed iteration does not replay the epoch's first draws: each
-        # iteration's base seed comes from where it begins
-        self._loader.generator.manual_seed(iteration_seed(self.seed, self.rank, epoch, step, micro))
         # persistent workers: the same processes; the rest of a previous iteration is dropped
         self._batches = iter(self._loader)
+
+    def stand_in(self):
+        """The data set's first row, read in this thread (its draws seeded apart: IndexedSource's)."""
+        with seeded_draws(draw_seed(self.seed, self.rank, -1, 0, 0)):
+            return self._fetch(torch.zeros(1, dtype=torch.long))
 
     def close(self) -> None:
         """Stop the worker processes (they also stop with this process): the loader that
@@ -161,11 +180,6 @@ class LoaderSource:
         iteration torch stops them; a later call begins again with a new loader."""
         self._batches = self._cursor = self._next = None
         self._loader = self._new_loader()
-
-
-def iteration_seed(seed: int, rank: int, epoch: int, step: int, micro: int) -> int:
-    """The seed of a loader iteration that begins at (epoch, step, micro) on ``rank``."""
-    return hash((seed, rank, epoch, step, micro)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def loader_val_batches(dataset, index_lists: Iterable[torch.Tensor], collate: Optional[Callable] = None,
@@ -179,7 +193,7 @@ def loader_val_batches(dataset, index_lists: Iterable[torch.Tensor], collate: Op
     lists = [idx if index_map is None else index_map[idx] for idx in index_lists]
     direct = rows_fetcher(dataset, collate)
     batch_lists = [idx.tolist() for idx in lists if len(idx)]
-    batches = iter(_data_loader(dataset, batch_lists, collate, workers, pin, 0, persistent=False)
+    batches = iter(_data_loader(dataset, batch_lists, _Float32Collate(collate), workers, pin, 0, persistent=False)
                    if batch_lists else ())
     try:
         for idx in lists:
@@ -211,6 +225,29 @@ class _Float32Collate:
         return collate_items(items, self.collate)
 
 
+class _SeededBatches(Dataset):
+    """A Dataset of micro-batches: ``__getitems__(MicroBatch)`` reads and collates its
+    rows as ``rows_fetcher`` does (float32, a ``__getitems__`` of the Dataset used), all
+    under the micro-batch's ``seeded_draws``, and hands the batch on as its one item
+    (``_only_item``): the collate draws too (a masking collator). A class, so it pickles
+    where loader processes are spawned."""
+
+    def __init__(self, dataset, collate: Optional[Callable]):
+        self.dataset, self.collate = dataset, collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, batch: MicroBatch) -> list:
+        with seeded_draws(batch.seed):
+            return [rows_fetcher(self.dataset, self.collate)(torch.as_tensor(list(batch), dtype=torch.long))]
+
+
+def _only_item(items: list):
+    """The loader's collate of ``_SeededBatches``: its one item is the collated batch."""
+    return items[0]
+
+
 def _worker_init(worker_id: int) -> None:
     # one intra-op thread per loader process: torch would otherwise size each one's pool
     # to every core of the node (not the CPUs Ray reserved), so N processes would start
@@ -233,12 +270,12 @@ def _worker_context():
     return None
 
 
-def _data_loader(dataset, batch_sampler, collate: Optional[Callable], workers: int, pin: bool,
+def _data_loader(dataset, batch_sampler, collate_fn: Callable, workers: int, pin: bool,
                  seed: int, persistent: bool, prefetch_factor: int = _PREFETCH) -> DataLoader:
     # a generator of its own: each iteration draws the loader processes' base seed from
     # it, which would otherwise come from (and move) the training process's global RNG
     return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers,
-                      collate_fn=_Float32Collate(collate), pin_memory=pin,
+                      collate_fn=collate_fn, pin_memory=pin,
                       prefetch_factor=prefetch_factor if workers > 0 else None,
                       persistent_workers=persistent and workers > 0,
                       worker_init_fn=_worker_init if workers > 0 else None,

@@ -136,6 +136,7 @@ class RayDataSource:
         self.collate = table_collate(table, seq_len)
         self.micro_rows, self.grad_accum, self.device = micro_rows, grad_accum, device
         self._epoch, self._batches, self._step, self._buffer = None, None, -1, []
+        self._a_row = None  # the first row read: stand_in()
 
     def micro_batch(self, epoch: int, step: int, micro: int):
         if epoch != self._epoch:  # a new epoch of the split (every rank starts it together)
@@ -144,10 +145,11 @@ class RayDataSource:
                 batch_size=self.micro_rows, collate_fn=self.collate, prefetch_batches=2,
                 device=self.device, pin_memory=self.device.type == "cuda"))
             for _ in range(step * self.grad_accum):  # a mid-epoch resume: those steps are done
-                next(self._batches, None)
+                self._keep_a_row(next(self._batches, None))
         if step != self._step:  # the step's micro-batches at once: its share counts them all
             self._step = step
             self._buffer = [next(self._batches, None) for _ in range(self.grad_accum)]
+            self._keep_a_row(self._buffer[0])
         share = sum(len(b[1]) for b in self._buffer if b is not None)
         batch = self._buffer[micro]
         return (*(batch if batch is not None else self.collate.empty()), share)
@@ -155,6 +157,15 @@ class RayDataSource:
     def close(self) -> None:
         """Drop the shard's iteration (and the batches it prefetched)."""
         self._epoch, self._batches, self._step, self._buffer = None, None, -1, []
+
+    def stand_in(self):
+        """A row this rank's shard gave (one of a resume's skipped steps included); None
+        before any: a shard is read in order, never out of it."""
+        return self._a_row
+
+    def _keep_a_row(self, batch) -> None:
+        if self._a_row is None and batch is not None and len(batch[1]):
+            self._a_row = batch[0][:1], batch[1][:1]
 
 
 def table_collate(table: TableConfig, seq_len: int = 0):

@@ -7,14 +7,25 @@ stream's row-group order. Every row once per epoch, however many ranks. Runs on 
 chooses which, in one place): in-memory rows (``IndexedSource``), the parquet stream
 (``StreamSource``), synthetic rows (data/synth.py), a Dataset read by loader processes
 (data/loader.py) and Ray Data's shards (data/ray_data.py).
+
+A Dataset's own random draws (augmentations) come from ``seeded_draws``, seeded by the
+micro-batch (``draw_seed``), in the training thread as in a loader process.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import hashlib
 import itertools
+import random
 from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 import torch
+
+try:
+    import numpy as np
+except ImportError:  # torch runs without numpy; its generator is then nothing to seed
+    np = None
 
 
 @runtime_checkable
@@ -28,6 +39,10 @@ class Source(Protocol):
     def micro_batch(self, epoch: int, step: int, micro: int) -> tuple[Any, Any, float]: ...
 
     def close(self) -> None: ...
+
+    def stand_in(self) -> Any:
+        """One real row of the data as (inputs, targets), or None: what a rank runs, times
+        0, in place of a micro-batch with no rows before it has trained on any (worker/step.py)."""
 
 
 @runtime_checkable
@@ -70,7 +85,9 @@ class IndexedSource:
     that order (``rows_of_step``), so every row is seen exactly once per epoch, with no
     padding, and a step holds the same rows whatever the world size, as long as the
     global batch is the same. A rank whose part of the last step is empty trains on an
-    empty batch (zero gradient), so every rank takes the same steps."""
+    empty batch (zero gradient), so every rank takes the same steps. A fetch's random
+    draws (a Dataset's augmentations) are the micro-batch's ``seeded_draws``: what a
+    loader process draws for it (data/loader.py)."""
 
     def __init__(self, rows: int, fetch: Callable[[torch.Tensor], tuple], seed: int, rank: int,
                  world: int, global_batch: int, grad_accum: int):
@@ -83,11 +100,48 @@ class IndexedSource:
             self._order_epoch, self._order = epoch, epoch_order(self.rows, self.seed, epoch)
         idx, share = rows_of_step(self._order, step, self.rank, micro, self.world,
                                   self.global_batch, self.grad_accum)
-        x, y = self.fetch(idx)
+        with seeded_draws(draw_seed(self.seed, self.rank, epoch, step, micro)):
+            x, y = self.fetch(idx)
         return x, y, share
 
     def close(self) -> None:
         """Nothing is held open: the rows are in memory."""
+
+    def stand_in(self):
+        # a Dataset's draws for it leave the training's generators where a run that never
+        # needed it has them (a restarted rank must draw on as the run that never stopped)
+        with seeded_draws(draw_seed(self.seed, self.rank, -1, 0, 0)):
+            return self.fetch(torch.zeros(1, dtype=torch.long))
+
+
+def draw_seed(seed: int, rank: int, epoch: int, step: int, micro: int) -> int:
+    """The seed of a micro-batch's random draws (a Dataset's augmentations): where the
+    rows fall in the run, never what the process read before, so a resumed run, a restarted
+    loader iteration and any number of loader processes draw the same."""
+    # blake2b, not hash(): the same in every process and every Python a resume may run on
+    digest = hashlib.blake2b(f"{seed},{rank},{epoch},{step},{micro}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@contextlib.contextmanager
+def seeded_draws(seed: int) -> Iterator[None]:
+    """Draws from torch's, ``random``'s and numpy's global generators inside come from
+    ``seed`` (what a Dataset's augmentations use). torch's and ``random``'s are put back
+    after, so the training process's own draws (dropout, which a checkpoint keeps) do not
+    depend on what the data drew. numpy's is left where the data's draws left it, a
+    function of ``seed`` too: ray_ddp draws nothing from it, a checkpoint does not keep it,
+    and saving it costs a hundred times what the rest does (at every micro-batch). CPU
+    only: torch.manual_seed would also reseed every GPU's generator."""
+    saved = torch.get_rng_state(), random.getstate()
+    torch.random.default_generator.manual_seed(seed)
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed % (1 << 32))  # numpy's seeds are 32-bit
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
 
 
 def tensor_fetcher(x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.Tensor], tuple]:
@@ -133,6 +187,10 @@ class StreamSource:
 
     def close(self) -> None:
         self._cached_key, self._cached = None, None  # the row group read last
+
+    def stand_in(self):
+        x, y = self.read_group(*self.groups[0][:2])  # once, and only for a rank that has read no row
+        return x[:1], y[:1]
 
     def _rows_in_step(self, step: int) -> int:
         return sum(part_span(self.bounds[r + 1] - self.bounds[r], self.steps, step)[1]

@@ -55,6 +55,12 @@ def batch_rows(batch: Any) -> int:
     return 0
 
 
+def first_row(batch: Any) -> Any:
+    """The first row of every tensor of a (nested) batch, copied where it is (no device
+    sync; a view would keep the whole batch alive): a stand-in for an empty batch."""
+    return tree_map(lambda t: t[:1].detach().clone() if isinstance(t, torch.Tensor) and t.dim() else t, batch)
+
+
 def forward(model: Callable, inputs: Any) -> Any:
     """Call the model on a batch's inputs by the convention above."""
     if isinstance(inputs, Mapping):

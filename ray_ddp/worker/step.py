@@ -9,20 +9,22 @@ fetched first, so that a task whose units vary (labels of -100) can count them.
 
 An empty micro-batch (a rank's part of an epoch's leftover rows) never reaches the model,
 which may not take 0 rows (GPT-2 cannot reshape them) or may return NaN for them: the
-rank runs its first real row instead, times 0 (kept once: no copy on later steps). Every rank still runs the same forwards and
+rank runs a real row instead, times 0 (the first it trained on, or the source's stand-in
+row when it has trained on none; kept once: no copy on later steps). Every rank still runs the same forwards and
 backwards (DDP's gradient hooks, FSDP's gathers are collectives), adding nothing.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ray_ddp.errors import UnusedParametersError
 from ray_ddp.tasks.builtin import Task
-from ray_ddp.tasks.batches import (batch_rows, count_tokens, forward, loss_of, to_device, tree_map,
+from ray_ddp.tasks.batches import (batch_rows, count_tokens, first_row, forward, loss_of, to_device,
                                    zero_like_graph)
 from ray_ddp.worker.parts import TrainParts
 from ray_ddp.worker.window import WindowState
@@ -47,11 +49,11 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
     window.busy.stop(started)
     for micro, (x, y, _) in enumerate(batches):
         started = window.busy.start()
-        stand_in = batch_rows(y) == 0 and parts.last_row is not None
+        if parts.last_row is None and batch_rows(y):
+            parts.last_row = first_row(x), first_row(y)
+        stand_in = batch_rows(y) == 0 and stand_in_row(parts, source) is not None
         if stand_in:
             x, y = parts.last_row
-        elif parts.last_row is None and batch_rows(y):
-            parts.last_row = first_row(x), first_row(y)
         x, y = to_device(x, in_device), to_device(y, out_device)
         # only the last micro-batch's backward reduces gradients; the others accumulate
         with parts.no_backward_sync(micro == grad_accum - 1):
@@ -68,7 +70,11 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
         window.add(sums, 0 if stand_in else batch_rows(y))  # the window keeps every sum's key
     parts.scaler.unscale_(parts.optimizer)  # the norm of the true gradients (a no-op without fp16)
     window.grad_norm_sum = window.grad_norm_sum + grad_norm(parts.model.parameters(), clip_grad)
-    parts.scaler.step(parts.optimizer)
+    # A step with no unit on any rank (every label -100; ``share`` is the same on every
+    # rank) has no data: an optimizer step would still move the weights (AdamW's momentum
+    # and weight decay). The schedule still counts it: the step's number is taken.
+    if share:
+        parts.scaler.step(parts.optimizer)
     parts.scaler.update()
     parts.scheduler.step()
     window.steps += 1
@@ -86,18 +92,24 @@ def grad_norm(parameters, clip_grad: float) -> torch.Tensor:
     return (full() if full is not None else norm).detach()
 
 
+def stand_in_row(parts: TrainParts, source) -> Any:
+    """A real row for a micro-batch with none (kept in ``parts.last_row``): the first this
+    process trained on, else one the source gives (a fresh worker whose first micro-batch
+    is empty: a restart at an epoch's last step, a data set smaller than the ranks); None
+    where neither has one (the empty batch then reaches the model as it is)."""
+    if parts.last_row is None:
+        row = source.stand_in()
+        if row is not None:
+            parts.last_row = first_row(row[0]), first_row(row[1])
+    return parts.last_row
+
+
 def count_step_units(task: Task, batches: list, collective_device: torch.device) -> float:
     """The step's units over every rank and micro-batch: one small all-reduce."""
     local = sum(task.count_units(x, y) for x, y, _ in batches)
     total = torch.tensor([local], dtype=torch.float64, device=collective_device)
     dist.all_reduce(total)
     return float(total.item())
-
-
-def first_row(batch):
-    """The first row of every tensor of a (nested) batch, copied where it is (no device
-    sync; a view would keep the whole batch alive)."""
-    return tree_map(lambda t: t[:1].detach().clone() if isinstance(t, torch.Tensor) and t.dim() else t, batch)
 
 
 def unused_parameters_error(err: RuntimeError, find_unused_parameters: bool) -> UnusedParametersError | None:

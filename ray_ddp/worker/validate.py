@@ -2,7 +2,12 @@
 eval() and no_grad(), and one all-reduce of the task's sums gives the exact figures
 over every row, counted once; and ``--early-stop``: the validations in a row without a
 lower val_loss, counted the same on every rank (each sees the same all-reduced figure).
-Runs on workers."""
+Runs on workers.
+
+Under FSDP every rank runs as many validation batches (each forward gathers the shards:
+a collective), so a rank whose part is shorter ends with an empty batch; a model may not
+take 0 rows (GPT-2 cannot reshape them), so the rank runs a real row in its place (the
+first of its own validation rows, else its training stand-in) and adds none of its sums."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import torch.distributed as dist
 
 from ray_ddp.data.inputs import ValSet
 from ray_ddp.tasks.builtin import Task
-from ray_ddp.tasks.batches import forward, to_device
+from ray_ddp.tasks.batches import batch_rows, first_row, forward, to_device
 from ray_ddp.worker.parts import TrainParts
 from ray_ddp.storage import read_table, resolve_storage
 
@@ -64,13 +69,20 @@ class Validator:
         totals: dict[str, torch.Tensor] = {}
         batches = self.val_set.batches(self.rank, self.world_size, self.cfg.batch_size,
                                        equal_counts=parts.strategy.forward_is_collective)
+        real_row = parts.last_row  # a stand-in for an empty batch: the training's, until a real one
         with torch.no_grad():
             for x, y in batches:
+                stand_in = batch_rows(y) == 0 and real_row is not None
+                if stand_in:
+                    x, y = real_row
+                elif batch_rows(y) and real_row is parts.last_row:
+                    real_row = first_row(x), first_row(y)
                 x, y = to_device(x, parts.devices[0]), to_device(y, parts.devices[-1])
                 with parts.autocast():
                     out = forward(model, x)
-                for key, value in task.sums(out, y, x).items():
-                    totals[key] = totals.get(key, 0) + (value.double() if torch.is_tensor(value) else value)
+                if not stand_in:
+                    for key, value in task.sums(out, y, x).items():
+                        totals[key] = totals.get(key, 0) + (value.double() if torch.is_tensor(value) else value)
                 self.on_batch()
         for module, training in modes:
             module.train(training)

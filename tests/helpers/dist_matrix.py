@@ -59,10 +59,12 @@ def _rank_main(rank, world, port, fn, args, results):
         dist.destroy_process_group()
 
 
-def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches: int) -> dict:
+def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches: int,
+             empty_first: bool = False) -> dict:
     """{(kind, strategy): the whole weights after one SGD step (lr 1: the step is the
     gradient)} for this rank's rows [rank * n, (rank + 1) * n) of the global batch, n =
-    global_rows / world, in ``micro_batches`` equal parts."""
+    global_rows / world, in ``micro_batches`` equal parts; ``empty_first``: a micro-batch
+    with no rows before them (a fresh rank that has trained on no row yet)."""
     from ray_ddp.config.train import TrainConfig
     from ray_ddp.tasks.build import build_task
     from ray_ddp.worker.step import train_step
@@ -81,11 +83,38 @@ def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches
         parts_of = [{k: v[idx] for k, v in x.items()} for idx in cut[rank * micro_batches:(rank + 1) * micro_batches]]
         builtin = kind in BUILTIN
         # as rows_of_step: the share is the step's rows over the ranks
+        if empty_first:
+            parts_of = [{k: v[:0] for k, v in parts_of[0].items()}, *parts_of]
         source = _Batches([(p["inputs"] if builtin else p, p["labels"], count / world) for p in parts_of])
         task = build_task(task_of(kind), 8, model=model, model_loss=not builtin)
-        train_step(parts, task, source, WindowState.start(cpu, cpu), 0, 0, micro_batches, 0.0, cpu)
+        train_step(parts, task, source, WindowState.start(cpu, cpu), 0, 0, len(parts_of), 0.0, cpu)
         out[(kind, strategy_name)] = {n: _whole(p) for n, p in model.named_parameters()}
     return out
+
+
+def a_step_without_units(rank: int, world: int, strategy_name: str) -> tuple[dict, dict]:
+    """A tiny GPT-2 under AdamW (weight decay 0.1): one step on real rows, then a step
+    whose every label is -100 on every rank; the whole weights after each."""
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.tasks.build import build_task
+    from ray_ddp.worker.step import train_step
+    from ray_ddp.worker.window import WindowState
+
+    from hf_tiny import rows, tiny
+
+    cpu = torch.device("cpu")
+    model = tiny("gpt2")
+    parts = _parts(model, TrainConfig(strategy=strategy_name))
+    parts.optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
+    real = {k: v[rank * 2:(rank + 1) * 2] for k, v in rows("gpt2", 8).items()}
+    masked = {**real, "labels": torch.full_like(real["labels"], -100)}
+    source = _Batches(None, steps=[[(real, real["labels"], 2.0)], [(masked, masked["labels"], 2.0)]])
+    task = build_task("lm", 8, model=model, model_loss=True)
+    after = []
+    for step in range(2):
+        train_step(parts, task, source, WindowState.start(cpu, cpu), 0, step, 1, 0.0, cpu)
+        after.append({n: _whole(p) for n, p in model.named_parameters()})
+    return after[0], after[1]
 
 
 def two_steps_of_a_forward_that_skips_a_layer(rank: int, world: int) -> tuple[str, str]:
@@ -133,13 +162,20 @@ def _parts(model, cfg):
 
 
 class _Batches:
-    """A source of fixed micro-batches: (inputs, targets, this rank's rows in the step)."""
+    """A source of fixed micro-batches: (inputs, targets, this rank's rows in the step);
+    ``steps``: more than one step's (a list of them, one per step)."""
 
-    def __init__(self, batches):
-        self.batches = batches
+    def __init__(self, batches, steps=None):
+        self.steps = steps if steps is not None else [batches]
 
     def micro_batch(self, epoch, step, micro):
-        return self.batches[micro]
+        return self.steps[step][micro]
+
+    def stand_in(self):
+        """A real row of the data, as every source gives one (worker/step.py)."""
+        from ray_ddp.tasks.batches import batch_rows
+
+        return next(((x, y) for batch in self.steps for x, y, _ in batch if batch_rows(y)), None)
 
 
 def _whole(p: torch.Tensor) -> torch.Tensor:
@@ -192,3 +228,52 @@ def _sharded_gpt(seed: int):
     model = shard_model(GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4),
                         TrainConfig(strategy="fsdp", model="gpt"), torch.device("cpu"))
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+class _CheckpointOf:
+    """What Ray hands a restarted rank (``ray.train.Checkpoint``): a path and its local
+    folder, here a different folder for each rank (a node's own download)."""
+
+    def __init__(self, path: str, local: str):
+        self.path, self.local = path, local
+
+    def as_directory(self):
+        import contextlib
+
+        return contextlib.nullcontext(self.local)
+
+
+def resume_where_one_rank_cannot_read_the_newest(rank: int, world: int, storage: str) -> tuple[int, str]:
+    """ray_ddp's choice of the checkpoint to resume on each rank of a group restarted
+    within a run: Ray hands back step 20's (newer than the driver's step 10), but rank 1's
+    download of it is torn (a transient remote read). The step each rank resumed at, or
+    the error that stopped it."""
+    from ray_ddp.checkpoint.resume import check_ranks_resumed_alike, load_checkpoint_to_resume
+    from ray_ddp.checkpoint.verify import weights_hash
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.models.builtin import ToyModel
+    from ray_ddp.parallel.build import build_strategy
+
+    cfg = TrainConfig(storage=storage, name="r")
+    model = ToyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    newest = f"{storage}/r/step-00000020"
+    latest = _CheckpointOf(newest, newest if rank == 0 else f"{storage}/torn-step-00000020")
+    try:
+        state = load_checkpoint_to_resume(cfg, "step-00000010", "step-00000010", latest, build_strategy(cfg),
+                                          model, optimizer, {})
+        check_ranks_resumed_alike(state.step, weights_hash(model))
+    except Exception as err:
+        return -1, str(err)
+    return state.step, ""
+
+
+def check_a_mix_of_resumed_steps(rank: int, world: int) -> str:
+    """Each rank says it resumed at another step: the error every rank stops with."""
+    from ray_ddp.checkpoint.resume import check_ranks_resumed_alike
+
+    try:
+        check_ranks_resumed_alike(10 * (rank + 1), 12345)
+    except Exception as err:
+        return str(err)
+    return ""

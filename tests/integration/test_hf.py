@@ -187,3 +187,22 @@ def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loa
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)), str(out)).state_dict()
     for key in adapters:
         torch.testing.assert_close(loaded[key], trained[key], rtol=0, atol=0)
+
+
+def test_fsdp_validation_of_a_gpt2_whose_rows_leave_a_rank_an_empty_last_batch(storage):
+    """33 validation rows on 2 ranks in batches of 16: rank 0 holds 16 rows in one batch,
+    rank 1 17 in two, and FSDP's forward is a collective, so rank 0 runs a second batch
+    with no rows. A GPT-2 cannot reshape 0 rows: the rank runs a real row in its place and
+    counts nothing of it, so every validation row counts once, on its own rank."""
+    from hf_data import CausalText, gpt2
+
+    cfg = TrainConfig(workers=2, strategy="fsdp", epochs=1, steps_per_epoch=2, batch_size=16,
+                      storage=str(storage), name="hf-fsdp-val", quiet=True)
+    val = CausalText(33, seed=1)
+    summary = train_in_gloo(cfg, model=gpt2, train_data=CausalText(64, seed=0), val_data=val)
+    with torch.no_grad():  # the figure over the 33 rows, in one process: each counted once
+        model = gpt2()
+        model.load_state_dict(torch.load(os.path.join(_local(summary.checkpoint), MODEL_FILE), weights_only=True))
+        ids = val.seqs
+        want = model(input_ids=ids, labels=ids).loss.item()
+    assert summary.val_loss == pytest.approx(want, rel=1e-4)

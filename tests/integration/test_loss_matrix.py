@@ -62,3 +62,30 @@ def test_every_cut_gives_the_weights_of_the_single_process_reference(stepped, ki
             for name, weight in want.items():
                 torch.testing.assert_close(got[name], weight, rtol=1e-4, atol=1e-5,
                                            msg=lambda m: f"{kind} {strategy} world {world} {name}: {m}")
+
+
+EMPTY_FIRST = [(kind, strategy) for kind in ("gpt2", "rows", "classify") for strategy in ("ddp", "fsdp")]
+
+
+def test_a_fresh_rank_whose_first_micro_batch_is_empty_gives_the_reference_weights():
+    """A worker (re)started at an epoch's last step, or data smaller than the ranks: its
+    first micro-batch has no rows, and it has trained on none to stand in for them (a
+    GPT-2 cannot reshape 0 rows). The source's own stand-in row runs instead, adding nothing."""
+    from dist_matrix import one_step as step
+
+    got = run_on_ranks(2, step, EMPTY_FIRST, GLOBAL_ROWS, 2, True)[0]
+    for kind, strategy in EMPTY_FIRST:
+        for name, weight in reference(kind).items():
+            torch.testing.assert_close(got[(kind, strategy)][name], weight, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m: f"{kind} {strategy} {name}: {m}")
+
+
+@pytest.mark.parametrize("strategy", ("ddp", "fsdp"))
+def test_a_step_with_no_unit_on_any_rank_leaves_the_weights_as_they_were(strategy):
+    """Every label -100 on every rank: no data, so no update (AdamW would still move the
+    weights by its momentum and weight decay)."""
+    from dist_matrix import a_step_without_units
+
+    before, after = run_on_ranks(2, a_step_without_units, strategy)[0]
+    for name, weight in before.items():
+        assert torch.equal(after[name], weight), name

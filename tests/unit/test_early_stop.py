@@ -99,7 +99,7 @@ def test_validation_rows_carry_the_count(one_rank_group, tmp_path):
         for p in model.parameters():
             p.zero_()  # the output is 0 whatever the input: the same val_loss every time
     parts = SimpleNamespace(model=model, devices=[torch.device("cpu")], autocast=nullcontext,
-                            strategy=SimpleNamespace(forward_is_collective=False))
+                            strategy=SimpleNamespace(forward_is_collective=False), last_row=None)
     val = ValSet(8, lambda idx: (torch.ones(len(idx), 10), torch.ones(len(idx), 5)))
     validator = Validator(run_cfg(tmp_path), val, build_task("regression", 8), parts, 0, 1, torch.device("cpu"))
     rows = [validator.validate(epoch) for epoch in (1, 2, 3)]
