@@ -1,6 +1,8 @@
 """Reading DCP's files without running code: ``.metadata`` through an unpickler that
 admits only torch.distributed.checkpoint's metadata classes and plain containers, and
-every other entry ``weights_only``; anything else is refused in one line.
+every other entry ``weights_only``; anything else is refused in one line. The shard
+files ``.metadata`` names are the ones the checkpoint's manifest lists, read from its
+own folder (never ``../x`` or an absolute path).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import io
+import json
 import os
 import pickle
 import re
@@ -15,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn, Optional
 import torch
 from ray_ddp.errors import CheckpointError
+from ray_ddp.checkpoint.names import META_FILE
 
 DCP_METADATA = ".metadata"
 
@@ -67,7 +71,39 @@ def read_dcp_metadata(path: str) -> Any:
     if not isinstance(metadata, Metadata):
         raise CheckpointError(f"refusing to load {path}: it holds a {type(metadata).__name__}, "
                               "not DCP's Metadata")
+    check_shard_names(metadata, path)
     return metadata
+
+
+_SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")  # DCP's name for rank r's i-th file
+
+
+def check_shard_names(metadata: Any, path: str) -> None:
+    """Refuse a ``.metadata`` (at ``path``) naming a file its checkpoint does not hold:
+    DCP's reader opens each entry's ``relative_path`` joined to the folder, so a name such
+    as ``../x`` or ``/x`` would read outside it. A name must be a shard file's, and one
+    that the folder's meta.json lists where there is one (a checkpoint ray_ddp wrote; an
+    earlier format, or the metadata alone copied from a URI, has none)."""
+    listed = _manifest_names(os.path.dirname(path))
+    storage = metadata.storage_data if isinstance(metadata.storage_data, Mapping) else {}
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        if not (isinstance(name, str) and _SHARD_FILE.fullmatch(name) and (listed is None or name in listed)):
+            why = "its meta.json does not list" if isinstance(name, str) and _SHARD_FILE.fullmatch(name) else \
+                "is not a shard file in the checkpoint's folder"
+            raise CheckpointError(
+                f"refusing to load {path}: it names {name!r} as a shard, which {why} (nothing was "
+                "loaded); restore this checkpoint from a copy you trust, or delete its folder")
+
+
+def _manifest_names(folder: str) -> Optional[set]:
+    """The file names the checkpoint's meta.json lists, or None where it has none."""
+    try:
+        with open(os.path.join(folder, META_FILE)) as f:
+            files = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return set(files) if isinstance(files, dict) else None
 
 
 def load_weights_only(value: io.BytesIO, what: str) -> Any:

@@ -161,7 +161,8 @@ def check_objects(cfg: TrainConfig, objects: dict[str, Any]) -> None:
         raise ConfigError("give collate= or --collate, not both")
     if model is not None and not (isinstance(model, torch.nn.Module) or callable(model)):
         raise ConfigError(f"model= must be an nn.Module or a callable returning one, not {type(model).__name__}")
-    if train_data is not None and (cfg.data != "synthetic" or cfg.dataset is not None):
+    if train_data is not None and (cfg.data != "synthetic" and not _rows_of_data_folder(train_data, cfg.data)
+                                   or cfg.dataset is not None):
         raise ConfigError("give train_data= or --data / --dataset, not both")
     if (cfg.collate is not None or collate is not None) and cfg.dataset is None and train_data is None:
         raise ConfigError("--collate is for --dataset or train_data= (parquet and text rows are "
@@ -230,6 +231,14 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
         raise ConfigError(f"--profile takes START-END, two step numbers with 1 <= START <= END "
                           f"(e.g. 10-15), got {spec!r}")
     return first, last
+
+
+def _rows_of_data_folder(train_data: Any, path: str) -> bool:
+    """Whether ``train_data`` is --data's own save_to_disk folder, opened as rows
+    (data/saved.py open_saved_datasets), not a second training set."""
+    from ray_ddp.data.saved import SavedDataset
+
+    return isinstance(train_data, SavedDataset) and train_data.path == path
 
 
 def _check_ray_data(cfg: TrainConfig) -> None:

@@ -75,7 +75,7 @@ def test_data_dir_becomes_train_data_rows_and_the_rest_is_one_line(saved, tmp_pa
     cfg, train, val = open_saved_datasets(TrainConfig(data=str(root / "train"), val_data=str(root / "train")),
                                           None, None)
     assert isinstance(train, SavedDataset) and isinstance(val, SavedDataset)
-    assert (cfg.data, cfg.val_data) == ("synthetic", None)
+    assert (cfg.data, cfg.val_data) == (str(root / "train"), str(root / "train"))  # what the config records
     assert saved_dataset_kind(str(root / "splits")) == "dict" and saved_dataset_kind(str(tmp_path)) is None
     with pytest.raises(ConfigError, match=r"^--data .*splits is a DatasetDict's folder of splits train, test: "
                                           r"give one split's folder, e.g. --data .*splits/train$"):
