@@ -1,5 +1,6 @@
 """Which checkpoint a worker resumes from: the one the driver checked and announced,
-or, after a restart within the run, the newer one Ray hands back. Runs on workers.
+or, after a restart within the run, the newer one Ray hands back; the same on every rank.
+Runs on workers.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import functools
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ray_ddp.checkpoint.format import TrainState
@@ -27,7 +29,8 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
     or, after a restart within this run, the newer one Ray hands back (``latest``, a
     ``ray.train.Checkpoint``, used when newer than any that existed when the run began);
     a fresh TrainState if neither.
-    Every file is checked against its meta.json (size and CRC-32) before it is loaded."""
+    Every file is checked against its meta.json (size and CRC-32) before it is loaded, and
+    every rank loads the same one: the newest that every rank could read."""
     store = resolve_storage(cfg.storage)
     candidates = []  # (its folder's path, what opens it on this machine)
     if latest is not None and _dir_name(latest.path) > (newest_at_start or ""):
@@ -43,18 +46,59 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
             try:
                 directory = stack.enter_context(open_folder())
             except FileNotFoundError:  # remote storage: a folder deleted since it was named
-                problems.append(f"{_dir_name(path)}: its folder is gone")
-                continue
-            sharded = strategy.checkpoint_format == "sharded"
-            problem = verify_checkpoint(directory, shards_by_size=sharded)
-            if problem is None and is_sharded_checkpoint(directory) != sharded:  # (the driver refuses it first)
-                problem = f"not a checkpoint of --strategy {strategy.name}"
-            if problem is None:
+                directory, problem = None, "its folder is gone"
+            else:
+                problem = _problem_of(directory, strategy)
+            # every rank takes the same one: a rank that cannot read it (a transient remote
+            # read) makes them all go on to the next, never a mix of steps across the ranks
+            if usable_on_every_rank(problem is None):
                 return strategy.load_checkpoint(directory, model, optimizer, stateful)
-        problems.append(f"{_dir_name(path)}: {problem}")
+        problems.append(f"{_dir_name(path)}: {problem or 'another rank could not read it'}")
     if problems:
         raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))
     return TrainState()
+
+
+def _problem_of(directory: str, strategy) -> Optional[str]:
+    """What keeps this rank from loading the local checkpoint folder; None if nothing."""
+    sharded = strategy.checkpoint_format == "sharded"
+    problem = verify_checkpoint(directory, shards_by_size=sharded)
+    if problem is None and is_sharded_checkpoint(directory) != sharded:  # (the driver refuses it first)
+        problem = f"not a checkpoint of --strategy {strategy.name}"
+    return problem
+
+
+def usable_on_every_rank(usable: bool) -> bool:
+    """Whether every rank of the process group says ``usable`` (one all-reduce; just
+    ``usable`` outside a group)."""
+    if not dist.is_initialized():
+        return usable
+    flag = torch.tensor([1.0 if usable else 0.0], device=_collective_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def check_ranks_resumed_alike(step: int, loaded_hash: Optional[int]) -> None:
+    """Stop every rank (one CheckpointError each) unless all of them start from the same
+    step with the same weights: a mix would train on without a word. One all-reduce."""
+    if not dist.is_initialized():
+        return
+    mine = [float(step), float(loaded_hash or 0)]  # a 48-bit hash is exact in a float64
+    spread = torch.tensor(mine + [-v for v in mine], dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    most, least = spread[:2].tolist(), [-v for v in spread[2:].tolist()]
+    if most != least:
+        raise CheckpointError(
+            f"the ranks resumed from different states (steps {int(least[0])} to {int(most[0])}"
+            f"{', different weights' if most[0] == least[0] else ''}): a rank loaded another "
+            "checkpoint than the others; run the same command again to resume from the newest whole one")
+
+
+def _collective_device() -> torch.device:
+    """Where a tensor for the group's backend lives (NCCL: this rank's GPU)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _dir_name(path: str) -> str:

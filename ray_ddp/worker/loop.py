@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ray_ddp.checkpoint.format import restore_rng
+from ray_ddp.checkpoint.resume import check_ranks_resumed_alike
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.data.inputs import build_inputs
 from ray_ddp.config.callables import load_callable
@@ -72,7 +73,8 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
         torch.set_num_threads(cfg.cpus_per_worker or 1)
         parts, state = build_parts(cfg, plan, build_strategy(cfg), devices, objects.get("model"),
                                    session.latest_checkpoint())
-        loaded_hash = weights_hash(parts.model) if state.step else None  # every rank loaded the same
+        loaded_hash = weights_hash(parts.model) if state.step else None
+        check_ranks_resumed_alike(state.step, loaded_hash)
         if len(state.rng) == world_size:
             restore_rng(state.rng[rank], devices)
         else:  # a new run, or another world size: independent dropout-like noise per rank

@@ -164,3 +164,30 @@ def test_rows_reported_after_the_last_checkpoint_are_kept_when_the_run_fails(sto
     table = pq.read_table(storage / "rows-before-a-failure" / "metrics.parquet")
     assert sorted(set(table.column("step").to_pylist())) == list(range(2, 27, 2))
     assert not (storage / "rows-before-a-failure" / "metrics.parts").exists()  # folded by the driver
+
+
+def test_every_rank_resumes_from_the_same_checkpoint_when_one_cannot_read_the_newest(tmp_path):
+    """A group restarted within a run: rank 1's copy of the newest checkpoint is torn. It
+    used to fall back to the older one alone (rank 0 at step 20, rank 1 at step 10, on
+    without a word); now every rank resumes from the newest that all of them can read."""
+    import shutil
+
+    from dist_matrix import resume_where_one_rank_cannot_read_the_newest, run_on_ranks
+    from ray_ddp.checkpoint.format import TrainState, save_checkpoint
+    from ray_ddp.models.builtin import ToyModel
+
+    for step in (10, 20):
+        torch.manual_seed(step)
+        model = ToyModel()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        save_checkpoint(str(tmp_path / "r" / f"step-{step:08d}"), model, optimizer,
+                        TrainState(epoch=step // 10, step=step, rng=[]), {}, rank=0)
+    torn = tmp_path / "torn-step-00000020"
+    shutil.copytree(tmp_path / "r" / "step-00000020", torn)
+    (torn / MODEL_FILE).write_bytes((torn / MODEL_FILE).read_bytes()[:100])
+    assert run_on_ranks(2, resume_where_one_rank_cannot_read_the_newest, str(tmp_path)) == [(10, ""), (10, "")]
+    # and a mix that got past the choice anyway stops every rank, in one line
+    from dist_matrix import check_a_mix_of_resumed_steps
+
+    for told in run_on_ranks(2, check_a_mix_of_resumed_steps):
+        assert told.startswith("the ranks resumed from different states (steps 10 to 20)"), told
