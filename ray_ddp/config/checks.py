@@ -236,7 +236,10 @@ def parse_profile_steps(spec: str) -> tuple[int, int]:
 def _rows_of_data_folder(train_data: Any, path: str) -> bool:
     """Whether ``train_data`` is --data's own save_to_disk folder, opened as rows
     (data/saved.py open_saved_datasets), not a second training set."""
+    # not at the top: data/saved.py imports pyarrow (through storage.py), which the CLI's
+    # --help and usage errors must not load
     from ray_ddp.data.saved import SavedDataset
+
 
     return isinstance(train_data, SavedDataset) and train_data.path == path
 

@@ -8,8 +8,10 @@ Dataset is built (or looked at) once here; driver/resolve.py makes the run's pla
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+from ray_ddp.config.callables import load_callable
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.data.ray_data import dataset_table, is_ray_dataset
@@ -35,7 +37,8 @@ class DataShapeConfig:
     task: str
     num_classes: Optional[int] = None
     val_rows: int = 0
-    # a batch of the first item (inputs, targets), for the driver's output-shape check
+    # the first rows as the workers batch them (inputs, targets), by the run's collate:
+    # the driver's output and label checks, and whether batches hand the model labels
     example: Any = field(default=None, compare=False, repr=False)
     # the checked columns (a TableConfig) of parquet or a Ray Dataset: what Ray Data's
     # batches are converted by on the workers; and the validation set's
@@ -43,15 +46,14 @@ class DataShapeConfig:
     val_table: Any = field(default=None, compare=False, repr=False)
     # a validation Ray Dataset, materialized once (data/ray_data.py: read every epoch)
     val_dataset: Any = field(default=None, compare=False, repr=False)
-    # dict rows with no labels: their keys (the rows are then the loss's target)
+    # dict rows whose batch has no labels: its keys (the rows are then the loss's target)
     unlabeled_keys: Optional[tuple] = None
 
     @property
     def hands_labels(self) -> bool:
-        """Whether batches hand the model ``labels`` (a dict with that key): the model
-        then computes its own loss (the Hugging Face convention)."""
-        from collections.abc import Mapping
-
+        """Whether batches hand the model ``labels`` (a dict with that key, from the rows
+        or from the collate): the model then computes its own loss if its forward takes
+        them (the Hugging Face convention; tasks.build.uses_model_loss)."""
         return self.example is not None and isinstance(self.example[0], Mapping) and "labels" in self.example[0]
 
 
@@ -63,9 +65,13 @@ def check_row_targets(shape: Optional[DataShapeConfig], has_loss: bool) -> None:
                           "(fn(output, rows) -> the batch's mean loss)")
 
 
-def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None) -> Optional[DataShapeConfig]:
-    """Check the training and validation data; None for synthetic regression data."""
-    shape = _inspect_training(cfg, train_data)
+def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None,
+                 collate: Optional[Callable] = None) -> Optional[DataShapeConfig]:
+    """Check the training and validation data; None for synthetic regression data.
+    ``collate``: collate= (else --collate's function), which batches a Dataset's rows."""
+    if collate is None and cfg.collate is not None:
+        collate = load_callable(cfg.collate, what="collate")
+    shape = _inspect_training(cfg, train_data, collate)
     if shape is None:
         if cfg.task not in (None, "regression"):
             raise ConfigError(f"--task {cfg.task} needs data: give --data, --dataset or train_data=")
@@ -85,12 +91,12 @@ def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None)
     return None if synthetic and not val_rows else shape
 
 
-def _inspect_training(cfg: TrainConfig, train_data: Any) -> Optional[DataShapeConfig]:
+def _inspect_training(cfg: TrainConfig, train_data: Any, collate: Optional[Callable]) -> Optional[DataShapeConfig]:
     if is_ray_dataset(train_data):
         return _shape_of_table(cfg, dataset_table(cfg, train_data, "train_data="))
     if train_data is not None or cfg.dataset is not None:
         ds = check_dataset(train_data, "train_data=") if train_data is not None else load_user_dataset(cfg.dataset)
-        return _dataset_shape(cfg, ds)
+        return _dataset_shape(cfg, ds, collate)
     if cfg.data == "synthetic":
         return None
     return _table_shape(cfg, cfg.data)
@@ -132,17 +138,22 @@ def _shape_of_table(cfg: TrainConfig, table) -> DataShapeConfig:
                            table=dataclasses.replace(table, num_classes=classes))
 
 
-def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
-    """A Dataset's first item says the sizes; an integer scalar target (a Python int, a
-    0-d tensor or a numpy integer) makes it classification, a sequence of integers lm."""
+def _dataset_shape(cfg: TrainConfig, ds, collate: Optional[Callable] = None) -> DataShapeConfig:
+    """A Dataset's first item says the sizes, and its first rows batched as the workers
+    batch them (the run's collate) say the target: an integer scalar one a row (a Python
+    int, a 0-d tensor or a numpy integer) makes it classification, a sequence of integers
+    lm. The labels a collate adds (a causal LM's) count as the rows' own."""
     import torch
 
     dict_rows = is_dict_rows(ds)
+    example = _example_batch(cfg, ds, collate)
     if dict_rows:  # the row is the input; its labels, if any, the target
         x = as_row(ds[0])
         y = x.get("labels")
     else:
         x, y = ds[0]
+    if example is not None:  # the batch's first row: what the loss gets
+        y = _first_row(example[1])
     y_t = _as_tensor(y)
     integer = y_t is not None and not torch.is_floating_point(y_t) and y_t.dtype != torch.bool
     # one integer a row is a class label; a sequence of them, tokens (a language model's)
@@ -157,8 +168,9 @@ def _dataset_shape(cfg: TrainConfig, ds) -> DataShapeConfig:
     input_dim = int(x_t.numel()) if x_t is not None else cfg.input_dim
     output_dim = classes if task == "classification" and classes else (
         int(y_t.numel()) if y_t is not None else cfg.output_dim)
-    unlabeled = tuple(sorted(x)) if dict_rows and y is None else None
-    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes, example=_example_batch(ds),
+    batch = example[0] if example is not None and isinstance(example[0], Mapping) else x
+    unlabeled = tuple(sorted(batch)) if dict_rows and "labels" not in batch else None
+    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes, example=example,
                            unlabeled_keys=unlabeled)
 
 
@@ -172,13 +184,35 @@ def _as_tensor(value: Any):
     return None
 
 
-def _example_batch(ds) -> Any:
-    """Two copies of the first item, batched as the workers batch them: what the driver
-    runs through the model on the meta device to check the output against the target."""
+def _first_row(batch: Any) -> Any:
+    """A batched tensor's first row; None for anything else (rows that are their own target)."""
+    import torch
+
+    return batch[0] if isinstance(batch, torch.Tensor) and batch.dim() else None
+
+
+def _example_batch(cfg: TrainConfig, ds, collate: Optional[Callable]) -> Any:
+    """The first rows batched as the workers batch them: what the driver runs through the
+    model on the meta device and reads the labels from. The run's collate gets two rows
+    (a padding collate pads them), and one that fails on them is one line now, not at
+    every worker's first step; torch's default batches the first item twice (rows of
+    different lengths may be trained one a micro-batch)."""
+    import torch
+
+    if collate is None:
+        try:
+            return collate_items([ds[0], ds[0]])
+        except (TypeError, RuntimeError, ValueError):  # a custom item: its --collate checks it
+            return None
+    what = f"--collate {cfg.collate}" if cfg.collate else "collate="
     try:
-        return collate_items([ds[0], ds[0]])
-    except (TypeError, RuntimeError, ValueError):  # a custom item a --collate is for
-        return None
+        with torch.random.fork_rng(devices=[]):  # a masking collate draws: the caller's draws stay theirs
+            return collate_items([ds[0], ds[min(1, len(ds) - 1)]], collate)
+    except Exception as err:  # noqa: BLE001 - the user's code: any failure is theirs to fix
+        message = " ".join(str(err).split()).rstrip(".")
+        raise ConfigError(f"{what} raised {type(err).__name__} on the first two training rows: {message}; "
+                          "make it batch the Dataset's items (a column it cannot batch, such as raw text, "
+                          "can be dropped with dataset.remove_columns)") from None
 
 
 def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> tuple[int, Any]:

@@ -17,8 +17,9 @@ from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
 from ray_ddp.models.init import adapters_need_lora, check_init_weights, holds_adapters, read_init_weights
 from ray_ddp.models.lora import apply_lora
 from ray_ddp.tasks.batches import forward, labels_of, logits_of, loss_of, tree_map
-from ray_ddp.tasks.build import build_task, loss_units_of
+from ray_ddp.tasks.build import build_task, class_count_of, loss_units_of, uses_model_loss
 from ray_ddp.tasks.own_loss import unknowable_reduction
+from ray_ddp.tasks.targets import check_label_range
 
 
 def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None,
@@ -103,6 +104,11 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None,
         )
     if example is not None and not isinstance(given, nn.Module):
         check_output_shape(cfg, model, example)
+    elif example is not None:  # an object is not run here (no meta copy of it): what its config says
+        labels = labels_of(example[0])
+        classes = class_count_of(model)
+        if labels is not None and classes is not None and uses_model_loss(model, True, cfg.loss is not None):
+            _check_labels(cfg, labels, classes)
     return trainable
 
 
@@ -127,36 +133,77 @@ def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
 
 
 def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:
-    """Run the meta-device model on the example batch and ask the task whether its output
-    pairs with the target, so a shape mismatch is one line before any worker starts. A
-    model that cannot run on the meta device is checked at its first step instead."""
-    def to_meta(t):
-        return torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t
-
-    x, y = tree_map(to_meta, example)
-    try:
-        with torch.no_grad():
-            out = forward(model, x)
-    except BatchError as err:
-        raise ConfigError(f"model '{cfg.model}': {err}") from None
-    except Exception:  # noqa: BLE001 - data-dependent code, a custom op: the worker checks
+    """Run the meta-device model on the example batch (the data's first rows, batched as
+    the workers batch them) and ask the task whether its output pairs with the target and
+    whether the labels are among its outputs, so a mismatch is one line before any worker
+    starts. The objective is decided as the worker decides it (uses_model_loss). A model
+    that cannot run on the meta device is checked at its first step instead; one that
+    fails as it would on any device is one line."""
+    ran, out = _run_on_meta(cfg, model, tree_map(_to_meta, example[0]))
+    if not ran:
         return
-    if labels_of(x) is not None:
-        if loss_of(out) is None:
-            raise ConfigError(f"model '{cfg.model}': the batch hands it labels but its output has "
-                              "no loss; return one in .loss, or drop 'labels' from the batch")
-        labels = labels_of(x)
-        if cfg.loss is None and loss_units_of(model) is None and labels.dim() > 1 \
-                and not labels.is_floating_point():
-            raise ConfigError(unknowable_reduction(f"model '{cfg.model}'"))
-        return  # the model's own loss pairs them
+    x, y = example
+    if uses_model_loss(model, labels_of(x) is not None, cfg.loss is not None):
+        _check_own_loss(cfg, model, out, labels_of(x))
+        return
     logits = logits_of(out)
     if cfg.loss is not None or not isinstance(y, torch.Tensor):
         return  # the user's loss pairs them itself
     if not isinstance(logits, torch.Tensor):
         raise ConfigError(f"model '{cfg.model}' returns {type(out).__name__} with no logits and no "
                           "loss; return a tensor, an output with .logits, or a loss")
+    task = cfg.task or "regression"
     try:
-        build_task(cfg.task or "regression", cfg.seq_len).match_target(logits, y)
+        build_task(task, cfg.seq_len).match_target(logits, _to_meta(y))
     except TargetShapeError as err:
+        raise ConfigError(f"model '{cfg.model}': {err}") from None
+    if task != "regression":  # class labels, or token ids: indices into the last dimension
+        _check_labels(cfg, y, logits.shape[-1])
+
+
+def _to_meta(t: Any) -> Any:
+    return torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t
+
+
+def _run_on_meta(cfg: TrainConfig, model: nn.Module, inputs: Any) -> tuple[bool, Any]:
+    """(True, the output), or (False, None) where the meta device cannot run the model:
+    code that needs the values (``.item()``, a numpy round trip, a data-dependent shape)
+    or an op without a meta kernel. A TypeError, a missing key or attribute (not about the
+    meta device) would stop the first step on any device: one line now."""
+    try:
+        with torch.no_grad():
+            return True, forward(model, inputs)
+    except BatchError as err:
+        raise ConfigError(f"model '{cfg.model}': {err}") from None
+    except (TypeError, KeyError, AttributeError) as err:
+        message = " ".join(str(err).split())
+        if "meta" in message.lower():
+            return False, None
+        raise ConfigError(f"model '{cfg.model}' raised {type(err).__name__} on the first training rows: "
+                          f"{message}") from None
+    except Exception:  # noqa: BLE001 - data-dependent code, a custom op: the worker checks
+        return False, None
+
+
+def _check_own_loss(cfg: TrainConfig, model: nn.Module, out: Any, labels: torch.Tensor) -> None:
+    """The model computes its loss from the labels: it must return one, say what it is a
+    mean over, and have an output for each class label."""
+    if loss_of(out) is None:
+        raise ConfigError(f"model '{cfg.model}': the batch hands it labels but its output has "
+                          "no loss; return one in .loss, or drop 'labels' from the batch")
+    units = loss_units_of(model)
+    if units is None and labels.dim() > 1 and not labels.is_floating_point():
+        raise ConfigError(unknowable_reduction(f"model '{cfg.model}'"))
+    logits = logits_of(out)
+    # a head ray_ddp knows whose logits end in one score per class (more than one: a
+    # single output is a regression's) takes labels that index them
+    if units is not None and isinstance(logits, torch.Tensor) and logits.shape[:-1] == labels.shape \
+            and logits.shape[-1] > 1:
+        _check_labels(cfg, labels, logits.shape[-1])
+
+
+def _check_labels(cfg: TrainConfig, labels: torch.Tensor, classes: int) -> None:
+    try:
+        check_label_range(labels, classes)
+    except BatchError as err:
         raise ConfigError(f"model '{cfg.model}': {err}") from None

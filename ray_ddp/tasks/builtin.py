@@ -13,9 +13,8 @@ import torch.nn.functional as F
 
 from ray_ddp.errors import BatchError, TargetShapeError
 from ray_ddp.tasks.batches import batch_rows, logits_of
-from ray_ddp.tasks.targets import describe_shapes, match_class_target, match_regression_target
-
-IGNORE_INDEX = -100  # a label that counts for nothing (padding), as in PyTorch and Hugging Face
+from ray_ddp.tasks.targets import (IGNORE_INDEX, check_label_range, describe_shapes, match_class_target,
+                                   match_regression_target)
 
 
 class Task:
@@ -43,6 +42,11 @@ class Task:
         """The units a micro-batch holds, from the host copy of its batch."""
         return float(batch_rows(target))
 
+    def check_batch(self, inputs: Any, target: Any) -> None:
+        """A micro-batch the loss cannot take (a label outside the model's outputs), told
+        from its host copy before it moves to the device (on a GPU the loss would stop at
+        a device-side assert): BatchError. Nothing to check for regression."""
+
     def sums(self, output: Any, target: torch.Tensor, inputs: Any = None) -> dict[str, torch.Tensor]:
         out = self.predictions(output)
         squared = (out - self.match_target(out, target).float()).pow(2)
@@ -55,17 +59,34 @@ class Task:
 
 
 class ClassificationTask(Task):
-    """Cross-entropy over integer class labels; also counts correct predictions."""
+    """Cross-entropy over integer class labels; also counts correct predictions.
+    ``classes``: the model's outputs where they are known before its first forward, else
+    learned from it (the logits' last dimension)."""
 
     name = "classification"
     metric = "accuracy"
 
+    def __init__(self, classes: Optional[int] = None):
+        self.classes = classes
+        self.unchecked = 0  # host copies let through before the classes were known
+
     def match_target(self, output, target):
         return match_class_target(output, target)
+
+    def check_batch(self, inputs, target):
+        if self.classes is None:
+            self.unchecked += 1
+        elif isinstance(target, torch.Tensor):
+            check_label_range(target, self.classes)
 
     def sums(self, output, target, inputs=None):
         out = self.predictions(output)
         target = self.match_target(out, target)
+        # before the loss: on the CPU the check is free; on a GPU it waits for the device,
+        # only for the batches that came before the first output told the classes
+        if self.classes is None or self.unchecked or target.device.type == "cpu":
+            self.classes, self.unchecked = out.shape[-1], max(0, self.unchecked - 1)
+            check_label_range(target, self.classes)
         labels = target.argmax(dim=-1) if target.is_floating_point() else target
         return {"loss": F.cross_entropy(out, target, reduction="sum"), "units": float(len(out)),
                 "correct": (out.argmax(dim=-1) == labels).sum().float()}

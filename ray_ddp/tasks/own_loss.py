@@ -7,13 +7,14 @@ workers."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
 from ray_ddp.errors import BatchError
 from ray_ddp.tasks.batches import batch_rows, labels_of, logits_of, loss_of, zero_like_graph
 from ray_ddp.tasks.builtin import IGNORE_INDEX, Task
+from ray_ddp.tasks.targets import check_label_range
 
 def unknowable_reduction(model_name: str) -> str:
     """The one line for a model whose own loss is a mean over sequence labels that nothing
@@ -32,12 +33,20 @@ class ModelLossTask(Task):
     ``tasks.build.loss_units_of``: label tokens that are not -100, shifted by one for a
     causal LM; rows; or, for a model that does not say, rows when its labels are one per
     row, every element for float labels (multi-label, regression), and a refusal for
-    sequences of class labels: shifted or not, nothing tells)."""
+    sequences of class labels: shifted or not, nothing tells). ``classes``: the classes
+    of a classifier's labels (tasks.build.class_count_of), checked before the forward,
+    where the model computes its loss."""
 
-    def __init__(self, base: Task, units: str | None, model_name: str = "the model"):
-        self.base, self.units, self.model_name = base, units, model_name
+    def __init__(self, base: Task, units: str | None, model_name: str = "the model",
+                 classes: Optional[int] = None):
+        self.base, self.units, self.model_name, self.classes = base, units, model_name, classes
         self.name, self.metric, self.units_per_row = base.name, base.metric, base.units_per_row
         self.variable_units = units != "rows"
+
+    def check_batch(self, inputs: Any, target: Any) -> None:
+        labels = labels_of(inputs)
+        if self.classes is not None and labels is not None:
+            check_label_range(labels, self.classes)
 
     def count_units(self, inputs: Any, target: Any) -> float:
         return float(self._units(inputs, target))

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ray_ddp.errors import TargetShapeError
+from ray_ddp.errors import BatchError, TargetShapeError
+
+IGNORE_INDEX = -100  # a label that counts for nothing (padding), as in PyTorch and Hugging Face
 
 
 def describe_shapes(output: torch.Tensor, target: torch.Tensor) -> str:
@@ -48,3 +50,25 @@ def match_class_target(output: torch.Tensor, target: torch.Tensor) -> torch.Tens
         raise TargetShapeError(f"{describe_shapes(output, target)} ({kind}); classification needs integer "
                                "labels of one per row (or float probabilities of the output's shape)")
     return target
+
+
+def check_label_range(labels: torch.Tensor, classes: int) -> None:
+    """Class labels against the model's ``classes`` outputs: one out of range (-100 aside)
+    is one line naming it and the limit. The loss would stop at it anyway, on a GPU with a
+    device-side assert that names neither and leaves the process unusable. Float labels
+    (probabilities, multi-label) are not indices and are left alone. On a GPU tensor this
+    waits for the device: give the host copy."""
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool or not labels.numel():
+        return
+    kept = labels[labels != IGNORE_INDEX]
+    if not kept.numel():
+        return
+    low, high = int(kept.min()), int(kept.max())
+    if low >= 0 and high < classes:
+        return
+    label = high if high >= classes else low
+    fix = (f"give the model {label + 1} outputs or more (a Hugging Face classifier's num_labels, "
+           "--num-classes, or --vocab-size for --model gpt), or correct the labels" if label >= classes else
+           "correct the labels (-100 is the only negative label: it counts for nothing)")
+    raise BatchError(f"label {label} is out of range for a model with {classes} outputs "
+                     f"(labels must be in [0, {classes}) or -100): {fix}")

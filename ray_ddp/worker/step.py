@@ -38,6 +38,8 @@ def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch
     fetching = time.perf_counter()
     batches = [source.micro_batch(epoch, step, micro) for micro in range(grad_accum)]
     window.data_wait_s += time.perf_counter() - fetching
+    for x, y, _ in batches:  # on the host: a label out of range is one line, not a device-side assert
+        task.check_batch(x, y)
     window.tokens += sum(count_tokens(x) for x, _, _ in batches)
     # the loss is summed over this rank's units and divided by its share of the step's:
     # a fixed number of units per row, or (masked labels) the step's units counted on the

@@ -77,6 +77,8 @@ class Validator:
                     x, y = real_row
                 elif batch_rows(y) and real_row is parts.last_row:
                     real_row = first_row(x), first_row(y)
+                if not stand_in:  # on the host, as in training
+                    task.check_batch(x, y)
                 x, y = to_device(x, parts.devices[0]), to_device(y, parts.devices[-1])
                 with parts.autocast():
                     out = forward(model, x)
