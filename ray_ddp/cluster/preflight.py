@@ -83,6 +83,22 @@ def ensure_cluster_fits(placement: PlacementConfig, wait_s: float,
     wait_for_autoscaler(placement, need, wait_s, echo, poll_s)
 
 
+def ensure_cpu_for_ray_data(placement: PlacementConfig) -> None:
+    """Raise ConfigError (one line) if Ray Data would get no CPU: Ray Train keeps the
+    workers' resources from Ray Data, whose read and map tasks run beside the workers, so
+    on a cluster whose CPUs the workers take all of they wait forever without a word. An
+    autoscaler may add a node for them: then it is left to do so."""
+    nodes = _alive_nodes()
+    total = sum(r.get("CPU", 0) for r in nodes)
+    workers = min(placement.workers, count_slots(nodes, placement))  # an elastic run takes what fits
+    taken = workers * placement.cpus_per_worker
+    if total - taken >= 1 or _autoscaler_groups() is not None:
+        return
+    raise ConfigError(f"Ray Data reads and transforms the data in tasks beside the workers, but the {workers} "
+                      f"workers x {placement.cpus_per_worker} CPU take all {total:g} CPU of the cluster: "
+                      "lower --workers or --cpus-per-worker, or add a node")
+
+
 def wait_for_autoscaler(placement: PlacementConfig, need: str, wait_s: float,
                          echo: Callable[[str], None], poll_s: float) -> None:
     from ray.autoscaler.sdk import request_resources

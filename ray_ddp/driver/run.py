@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any, Callable, Optional
 from ray_ddp.cluster.attach import ClusterConfig, attach_ray, refresh_elastic_view
-from ray_ddp.cluster.preflight import ensure_cluster_fits
+from ray_ddp.cluster.preflight import ensure_cluster_fits, ensure_cpu_for_ray_data
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.checks import check_devices, check_objects
 from ray_ddp.config.train import TrainConfig
@@ -65,10 +65,14 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     # use none of them: its controller, helper actors and workers each carry a runtime_env
     # (environment variables), so each gets a process of its own. On a small machine the
     # idle ones only take CPU from Train's start (benchmarks/startup.py).
+    ray_data = cfg.ray_data or any(is_ray_dataset(v) for v in (train_data, val_data))
+    # a Ray started here holds the workers' CPUs, and one more for Ray Data's tasks where it reads
     with attach_ray(cfg.address, cfg.verbose, idle_workers=False,
-                    local_cpus=(workers[1] if workers else 0) * (cfg.cpus_per_worker or 1)) as cluster:
+                    local_cpus=(workers[1] if workers else 0) * (cfg.cpus_per_worker or 1) + ray_data) as cluster:
         marks["ray"] = time.time()
         plan, placement = place_workers(cfg, cluster, data_shape, store, echo)
+        if ray_data:
+            ensure_cpu_for_ray_data(placement)
         announce(plan, placement, start, store, echo)
         tracking = open_run_tracking(plan.run_config(), start.run_id, store.uri_of(cfg.name))
         ray_inputs = plan_ray_data(cfg, data_shape, train_data, val_data)  # Ray Datasets go to the trainer
@@ -97,7 +101,7 @@ def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, O
     Returns the checked config, the data's shape and that first RunPlan."""
     cfg = check_config(cfg, objects)
     loss = objects.get("loss")
-    data_shape = inspect_data(cfg, objects.get("train_data"), objects.get("val_data"))
+    data_shape = inspect_data(cfg, objects.get("train_data"), objects.get("val_data"), objects.get("collate"))
     check_row_targets(data_shape, loss is not None or cfg.loss is not None)
     plan = resolve(cfg, data_shape)
     check_model(plan.run_config(), objects.get("model"),

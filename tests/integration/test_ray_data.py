@@ -78,3 +78,24 @@ def test_a_classifier_trains_from_ray_data_and_validates_on_another(ray_data_run
     # ray-ddp's read of the 4 files asked Ray Data for one footer reader, not its 32: Ray
     # Data lists the set when it plans the read and again for each epoch, one reader each
     assert 1 <= footer_readers_started <= 3, footer_readers_started
+
+
+def test_a_ray_whose_cpus_the_workers_take_all_of_is_one_line_before_any_worker_starts(ray_local, tmp_path):
+    """Ray Train keeps the workers' CPUs from Ray Data, whose read and map tasks then get
+    none: the run would wait without a word. On a Ray sized exactly to the workers (the
+    suite's shared Ray: every CPU slot a worker), one line instead, and nothing written."""
+    import ray
+    import ray.data
+
+    from ray_ddp import ConfigError
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    train = ray.data.from_arrow(pq.read_table(write_classes(tmp_path / "train", 100, 0)))
+    cfg = TrainConfig(workers=cpus, epochs=1, batch_size=cpus, model="mlp", storage=str(tmp_path / "runs"),
+                      name="no-cpu-for-ray-data", quiet=True)
+    with pytest.raises(ConfigError) as err:
+        run(cfg, train_data=train)
+    assert str(err.value) == (f"Ray Data reads and transforms the data in tasks beside the workers, but the {cpus} "
+                              f"workers x 1 CPU take all {cpus} CPU of the cluster: lower --workers or "
+                              "--cpus-per-worker, or add a node")
+    assert not (tmp_path / "runs" / "no-cpu-for-ray-data").exists()
