@@ -101,7 +101,7 @@ def arm_command(arm: str, storage: str, first_step_file: str) -> list[str]:
 # new Python process), and ray-ddp's (the hang watch and its tasks)
 RAY_TRAIN_HELPERS = ("PlacementGroupCleaner", "SynchronizationActor", "DatasetManager",
                      "_AutoscalingCoordinatorActor")
-RAY_DDP_ACTORS = ("HangWatch", "py_spy_dump", "_alive", "_kill")  # driver/hangs.py's actor and tasks
+RAY_DDP_ACTORS = ("HangWatch", "py_spy_dump", "_alive", "_kill")  # driver/hang_actor.py's actor and tasks
 KINDS = ("workers", "controller", "Ray Train's helpers", "ray-ddp's actors", "the command", "Ray's own processes",
          "other")
 

@@ -9,7 +9,11 @@ one more epoch by a second command, rank 1 after the resume. It ends with the we
 hung (test_train.py's full_run: the same toy, data and schedule). The same run (one run
 is cheaper than several on two cores) records a --profile trace of steps 3-5 on every
 rank and is tracked in a real MLflow server. (Without --wait-timeout, a checkpoint gets
-10 x --hang-timeout and a first step at least 30 min: tests/unit/test_hang_watch.py.)"""
+10 x --hang-timeout and a first step at least 30 min: tests/unit/test_hang_watch.py.)
+
+Beside it, a third run (replaced-group): Ray Train restarts the worker group while the
+watch still handles its hang, then the new group hangs too, and the watch catches that
+second hang within --hang-timeout (it once retired the new group with the hung one)."""
 
 from __future__ import annotations
 
@@ -41,6 +45,11 @@ HANGS = (
 TOLD = [(0, None, 0), (3, None, 3), (10, None, 10), (14, "step-00000010", 4), (20, "step-00000010", 10),
         (22, "step-00000020", 2)]
 HUNG = [hang[0] for hang in HANGS if hang is not None]  # the rank that hung, each time
+# the replaced-group run (1 epoch, from scratch each time: its first checkpoint is at step 10)
+REPLACED = (
+    (1, "forward", 4),  # life 1: rank 1 in step 4; the watch's write of its stacks stalls until life 2 reads
+    (1, "forward", 3),  # life 2 (Ray Train's restart while the watch still handled life 1's hang): rank 1 in step 3
+)                       # life 3: trains to the end
 
 
 def hung_config(storage, val, epochs, mlflow_uri):
@@ -53,7 +62,8 @@ def start_hang_story(storage, folder, mlflow_uri):
     it with the first integration test: most of its minutes are the watch's waits, which
     the other tests fill). The first: five hangs under --hang-timeout 10 --wait-timeout 20
     (Ray's own health check would take minutes to notice a process that is alive), then 2
-    epochs done; the second: resumed for a third epoch, with one more hang."""
+    epochs done; the second: resumed for a third epoch, with one more hang. Beside them,
+    in a thread of its own, the replaced-group run (``result["replaced"]``)."""
     from user_models import hangs_on_schedule
 
     val = str(folder / "val")
@@ -61,6 +71,12 @@ def start_hang_story(storage, folder, mlflow_uri):
     model = functools.partial(hangs_on_schedule, str(folder / "lives"), HANGS, 13.0)
 
     def tell() -> dict:
+        try:
+            return tell_both()
+        finally:
+            replaced[0].join(timeout=400)  # the replaced-group run too: conftest.py joins this thread
+
+    def tell_both() -> dict:
         first: list[str] = []
         started = time.monotonic()
         summary = run(hung_config(storage, val, 2, mlflow_uri), echo=first.append, model=model)
@@ -71,12 +87,45 @@ def start_hang_story(storage, folder, mlflow_uri):
         resumed = run(cfg, echo=second.append, model=model)
         return dict(summary=summary, lines=first, took=took, status=status, resumed=resumed, resumed_lines=second)
 
+    replaced = start_replaced_story(storage, folder)  # beside the two commands: their waits fill each other's
+    thread, result = run_in_thread(None, tell)
+    result["replaced"] = replaced
+    return thread, result
+
+
+def start_replaced_story(storage, folder):
+    """The replaced-group run (--hang-timeout 10 --wait-timeout 20), in a thread: its
+    first hang's stacks are written to a named pipe (hang_models.py), a write that stalls
+    until the group Ray Train started meanwhile (rank 0's collective timed out after
+    --wait-timeout + --hang-timeout, 30 s) reads it; then that group's rank 1 hangs."""
+    from hang_models import release_stalled_write, stalls_the_watch
+
+    lives = folder / "replaced-lives"
+    fifo = storage / "replaced-group" / "hangs" / "3" / "rank-0.txt"
+    model = functools.partial(stalls_the_watch, str(lives), REPLACED, str(fifo))
+
+    def tell() -> dict:
+        lines: list[str] = []
+        cfg = small(storage, "replaced-group", epochs=1, max_failures=3, hang_timeout=10, wait_timeout=20,
+                    quiet=False)
+        try:
+            summary = run(cfg, echo=lines.append, model=model)
+        finally:
+            release_stalled_write(str(fifo))
+        read = lives / "read-stacks.txt"
+        return dict(summary=summary, lines=lines, read=read.read_text() if read.exists() else None)
+
     return run_in_thread(None, tell)
 
 
 @pytest.fixture(scope="module")
 def story(hang_story):
     return summary_of(*hang_story)
+
+
+@pytest.fixture(scope="module")
+def replaced_story(hang_story):
+    return summary_of(*hang_story[1]["replaced"])
 
 
 def test_each_hang_is_named_and_the_run_restarts_from_its_checkpoint_or_from_scratch(story, storage):
@@ -178,3 +227,28 @@ def test_a_hang_after_a_resume_and_mlflow_holds_both_commands_once(story, storag
     assert client.get_metric_history(mlrun.info.run_id, "summary.final_loss")[-1].value == \
         pytest.approx(resumed.final_loss)
     assert [a.path for a in client.list_artifacts(mlrun.info.run_id, "model")] == ["model/model.pt"]
+
+
+def test_a_group_ray_restarts_during_a_hangs_handling_is_watched_and_its_hang_caught(replaced_story, storage):
+    summary, lines = replaced_story["summary"], replaced_story["lines"]
+    said = [x for x in lines if x.startswith("hang:")]
+    assert len(said) == 2, lines
+    first, second = said
+    assert "after step 3: not in a collective: rank 1 on node 127.0.0.1 at " in first and "rank 0 waits in one" in first
+    assert f"stacks in {storage}/replaced-group/hangs/3/" in first
+    # Ray Train restarted the group (rank 0's collective timed out) while the watch's write
+    # of the stacks stalled: its restart is told before the hang's own line, as the hang's
+    restarted = [i for i, x in enumerate(lines) if x.startswith("hang after step 3: Ray Train restarted")]
+    assert restarted and restarted[0] < lines.index(first), lines
+    # the stalled write went on once the new group read it: the hung group's stacks, not the new one's
+    assert replaced_story["read"].startswith("rank 0: waiting in a collective"), replaced_story["read"]
+    # the new group was watched on: its own hang caught after --hang-timeout (10 s), not
+    # ended by its collective's timeout (30 s) as a failure
+    assert "after step 2: not in a collective: rank 1 on node 127.0.0.1 at " in second and \
+        "rank 0 waits in one" in second, second
+    waited = int(re.search(r"for (\d+) s after", second).group(1))
+    assert 10 <= waited < 20, second
+    assert not [x for x in lines if x.startswith("warning: the hang watch")], lines
+    assert summary.steps == 10
+    assert [(e["type"], e["step"], e["rank"], e["from_checkpoint"]) for e in summary.events] == \
+        [("hang", 3, 1, None), ("hang", 2, 1, None)], summary.events
