@@ -191,3 +191,21 @@ def test_every_rank_resumes_from_the_same_checkpoint_when_one_cannot_read_the_ne
 
     for told in run_on_ranks(2, check_a_mix_of_resumed_steps):
         assert told.startswith("the ranks resumed from different states (steps 10 to 20)"), told
+
+
+def test_a_label_outside_a_classifiers_outputs_past_the_first_rows_is_one_line_from_the_worker(storage):
+    """A BERT with 3 labels whose rows hold a 5 past the two the driver checks: the worker
+    names the label and the limit from the batch's host copy, before the model's own loss
+    (on a GPU, a device-side assert that names neither and poisons the process)."""
+    from transformers import DataCollatorWithPadding
+
+    from hf_data import Sentiment, bert, tokenizer
+
+    rows = [{"input_ids": x["input_ids"], "attention_mask": x["attention_mask"], "labels": int(y)}
+            for x, y in Sentiment(32, seed=0).items]
+    rows[20]["labels"] = 5
+    cfg = TrainConfig(workers=2, epochs=1, batch_size=8, storage=str(storage), name="label-out-of-range",
+                      quiet=True)
+    with pytest.raises(TrainingError, match=r"label 5 is out of range for a model with 3 outputs "
+                                            r"\(labels must be in \[0, 3\) or -100\)"):
+        train_in_gloo(cfg, model=bert, train_data=rows, collate=DataCollatorWithPadding(tokenizer()))
