@@ -121,7 +121,6 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
     if finished is not None:
         echo(f"ray-ddp tune: search {name} is complete ({root}/{TRIALS_FILE})")
         return finished
-    save_draws(store, root, draws)  # stored when first drawn: what a rerun is checked against
     workers = int(str(base.workers or 2).split("-")[-1])
     # Tune's own boxes and tables would bury the trials' lines (--verbose brings them back)
     if not base.verbose:
@@ -134,6 +133,7 @@ def run_search(tc: TuneConfig, echo: Callable[[str], None] = print) -> list[dict
     with attach_ray(base.address, base.verbose,
                     local_cpus=tc.concurrent * workers * (base.cpus_per_worker or 1) + 1):
         check_trials_fit(tc, workers, base.cpus_per_worker or 1, base.gpus_per_worker)
+        save_draws(store, root, draws)  # once it can start: stored when first drawn, what a rerun is checked against
         tc, tracking = open_search_tracking(tc, name, store, root)  # --mlflow: trials nest under it
         lines = trial_lines(echo, tc)
         with tracked_search(tracking, echo) as rows:

@@ -169,7 +169,7 @@ class _Batches:
         self.steps = steps if steps is not None else [batches]
 
     def micro_batch(self, epoch, step, micro):
-        return self.steps[step][micro]
+        return self.steps[step % len(self.steps)][micro]
 
     def stand_in(self):
         """A real row of the data, as every source gives one (worker/step.py)."""

@@ -132,7 +132,7 @@ def test_a_trial_that_never_started_takes_the_new_draw(tmp_path):
 
 
 def test_the_cli_refuses_before_anything_starts_exit_2(tmp_path, capsys, monkeypatch):
-    """Through `ray-ddp tune`: a first run stores its draws before Ray; the rerun of the
+    """Through `ray-ddp tune`: a first run stores its draws once it can start; the rerun of the
     edited file says one line, exits 2, and writes nothing. Ray is never started here:
     reaching it is this test's failure."""
     import ray_ddp.tune.search as search
@@ -151,9 +151,8 @@ def test_the_cli_refuses_before_anything_starts_exit_2(tmp_path, capsys, monkeyp
     with pytest.raises(WouldStartRay):
         main(argv)
     root = tmp_path / "runs" / "s"
-    assert (root / "draws.json").exists()  # stored when first drawn
-    for k in (0, 1):
-        os.makedirs(root / f"trial-{k}" / "step-00000010")
+    assert not (root / "draws.json").exists()  # stored once the search can start, not before Ray
+    first_run(tmp_path, load(tmp_path))  # what the first run left once it started: its draws, 2 trials
     before = files_under(tmp_path / "runs")
     path.write_text(FILE + SEARCH.replace("1.0e-4, 1.0e-1", "1.0e-3, 1.0"))
     capsys.readouterr()
@@ -180,4 +179,3 @@ def test_a_finished_search_with_an_edited_file_is_refused_too(tmp_path, monkeypa
     assert search.run_search(tc, echo=lambda line: None) == rows
     with pytest.raises(ConfigError, match="trial-0's lr was "):
         search.run_search(load(tmp_path, SEARCH.replace("1.0e-4", "1.0e-3")), echo=lambda line: None)
-    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
