@@ -91,8 +91,8 @@ def saved_run_config(meta: dict[str, Any]) -> dict[str, Any]:
 class WorkerPlan:
     """``run``: the RunPlan; ``resume_from``: the checkpoint folder the driver checked and
     announced, or None; ``newest_at_start``: the newest checkpoint folder when this fit
-    began (a newer one was written by this fit); ``total_steps``: the global step the run
-    ends at; ``objects``: what the Python API passed (model, train_data, val_data, loss),
+    began (a newer one was written by this fit); ``total_steps``: the global step the run's
+    epochs end at (its schedule's span; ``last_step``: where it stops); ``objects``: what the Python API passed (model, train_data, val_data, loss),
     cloudpickled on the driver so Ray Train's controller only hands bytes on."""
 
     run: RunPlan
@@ -109,6 +109,14 @@ class WorkerPlan:
     init_strict: bool = True
     hang_watch: Any = None  # the driver's HangWatch actor (--hang-timeout), or None: off
     ray_data: Any = None  # a RayDataConfig when a set is read through Ray Data (data/ray_data.py)
+
+    @property
+    def last_step(self) -> int:
+        """The global step the run stops at: ``total_steps``, or --max-steps where that
+        comes first (the schedule still spans ``total_steps``: a larger --max-steps later
+        continues the same run)."""
+        max_steps = self.run.config.max_steps
+        return self.total_steps if max_steps is None else min(self.total_steps, max_steps)
 
     def load_objects(self) -> dict[str, Any]:
         from ray import cloudpickle

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ray-ddp train: {err}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
     if not cfg.quiet and not summary.already_complete:
-        print(f"done: {summary.epochs_completed}/{summary.epochs} epochs, final loss "
+        print(f"done: {_describe_end(summary, cfg.max_steps)}, final loss "
               f"{fmt(summary.final_loss)}, {fmt(summary.samples_per_s, ',.0f')} samples/s in training "
               f"steps, {fmt(summary.train_samples_per_s, ',.0f')} samples/s from the first step to "
               f"the last, {fmt(summary.wall_samples_per_s, ',.0f')} samples/s over the wall time"
@@ -63,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
     if cfg.json:
         print(json.dumps(summary.to_dict()))
     return 0
+
+
+def _describe_end(summary, max_steps) -> str:
+    """How far the run went: its epochs, or the step --max-steps ended it at within them."""
+    epochs = f"{summary.epochs_completed}/{summary.epochs} epochs"
+    if max_steps is not None and summary.steps >= max_steps and summary.epochs_completed < summary.epochs:
+        return f"step {summary.steps} (--max-steps; {epochs})"
+    return epochs
 
 
 def _describe_validation(summary) -> str:

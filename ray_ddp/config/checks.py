@@ -28,7 +28,7 @@ def validate_config(cfg: TrainConfig) -> None:
                  "heads", "seq_len", "vocab_size", "eval_every"):
         _require_positive(name, getattr(cfg, name))
     for name in ("cpus_per_worker", "num_classes", "global_batch", "early_stop", "steps_per_epoch",
-                 "input_dim", "output_dim"):
+                 "input_dim", "output_dim", "max_steps", "checkpoint_every_steps", "eval_every_steps"):
         if getattr(cfg, name) is not None:
             _require_positive(name, getattr(cfg, name))
     if isinstance(cfg.workers, int):
@@ -52,6 +52,9 @@ def validate_config(cfg: TrainConfig) -> None:
         parse_lora(cfg.lora)  # the spec alone: whether it fits the model, on the meta device
     if cfg.max_preemptions < -1:
         raise ConfigError("--max-preemptions must be -1 (no limit), 0 or more")
+    minutes = cfg.checkpoint_every_minutes
+    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
+        raise ConfigError(f"--checkpoint-every-minutes must be a positive number of minutes, got {minutes}")
     if not math.isfinite(cfg.report_interval) or cfg.report_interval < 0:
         raise ConfigError(f"--report-interval must be 0 or more seconds, got {cfg.report_interval}")
     if not math.isfinite(cfg.wait_for_resources) or cfg.wait_for_resources < 0:

@@ -83,6 +83,9 @@ class TrainConfig:
     val_fraction: float = _opt("hold out this fraction of --data / --dataset rows for validation "
                                "(a split fixed by --seed, never trained on)", default=0.0)
     eval_every: int = _opt("epochs between validations (the last epoch is always evaluated)", default=1)
+    eval_every_steps: Optional[int] = _opt("also validate every this many global steps, mid-epoch "
+                                           "too (a validation counts toward --early-stop wherever "
+                                           "it falls)", default=None)
     early_stop: Optional[int] = _opt("stop after this many validations in a row without a lower "
                                      "val_loss (needs validation data); the run then counts as "
                                      "complete", default=None)
@@ -165,6 +168,10 @@ class TrainConfig:
     )
     # --- optimisation ---
     epochs: int = _opt("total epochs (a resumed run trains up to this many)", default=3)
+    max_steps: Optional[int] = _opt(
+        "end the run at this global step if --epochs has not ended it before, with a checkpoint "
+        "and a validation; the schedule (--warmup-steps, cosine) still spans --epochs, so a "
+        "rerun with a larger --max-steps continues the run bit-identically", default=None)
     steps_per_epoch: Optional[int] = _opt("optimizer steps per epoch of synthetic data; default: 20 "
                                           "(with --data or --dataset: as many as one pass over the "
                                           "rows takes)", default=None)
@@ -200,6 +207,13 @@ class TrainConfig:
     keep: int = _opt("newest checkpoints to keep", default=2)
     keep_best: bool = _opt("also keep the checkpoint with the lowest validation loss", default=False)
     checkpoint_every: int = _opt("epochs between checkpoints (the last epoch always saves)", default=1)
+    checkpoint_every_steps: Optional[int] = _opt(
+        "also checkpoint every this many global steps, mid-epoch too: a lost worker then redoes "
+        "at most this many steps, not the epoch so far", default=None)
+    checkpoint_every_minutes: Optional[float] = _opt(
+        "also checkpoint once this many minutes have passed since the last checkpoint, mid-epoch "
+        "too: decided at a metrics window's end (--report-every) on rank 0's clock, and taken by "
+        "every rank together", default=None)
     report_every: int = _opt("steps per metrics row: each rank's loss and timing are summed over this "
                              "many steps (every epoch end closes a row too)", default=10)
     report_interval: float = _opt(

@@ -177,7 +177,7 @@ def fit_on_ray(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfi
     from ray_ddp.observe.callback import MetricsCallback
     from ray_ddp.observe.restarts import RestartRecorder
 
-    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps, tensorboard=cfg.tensorboard,
+    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.last_step, tensorboard=cfg.tensorboard,
                               keep=cfg.keep, keep_best=cfg.keep_best, tracking=tracking)
     trainer = RayDdpTrainer(
         train_loop_per_worker,

@@ -54,10 +54,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     store = open_storage(cfg)
     start, init_from = find_start_point(plan, store, data_shape, model, echo)
     if start.complete:
-        summary = read_json(store.fs, store.run_folder(cfg.name).summary)
-        if summary is not None:
-            return RunSummary(**{**summary, "already_complete": True})
-        return write_summary(plan.run_config(), store, None, start.resumed_from, started)
+        return summary_of_complete_run(plan, store, start, started)
 
     marks["attach"] = time.time()
     workers = worker_range(cfg.workers)
@@ -92,6 +89,14 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
                             start.scan.meta)
     close_run_tracking(tracking, store, cfg, summary.to_dict(), from_records(summary.events), "FINISHED", echo)
     return summary
+
+
+def summary_of_complete_run(plan: RunPlan, store: StorageConfig, start: StartState, started: float) -> RunSummary:
+    """The summary of a run with nothing left to train: its own summary.json, marked so."""
+    summary = read_json(store.fs, store.run_folder(plan.config.name).summary)
+    if summary is not None:
+        return RunSummary(**{**summary, "already_complete": True})
+    return write_summary(plan.run_config(), store, None, start.resumed_from, started)
 
 
 def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, Optional[DataShapeConfig], RunPlan]:
@@ -178,7 +183,8 @@ def announce(plan: RunPlan, placement: PlacementConfig, start: StartState, store
         where = f"resuming from {start.resumed_from}" if start.resumed_from else "new run"
         echo(f"ray_ddp: run {cfg.name} ({where}): {placement.describe()}, model {cfg.model}, "
              f"global batch {describe_global_batch(plan, placement)}, {cfg.epochs} "
-             f"epochs x {plan.steps_per_epoch} steps -> {store.run_path(cfg.name)}")
+             f"epochs x {plan.steps_per_epoch} steps"
+             f"{f' (to step {cfg.max_steps} at most)' if cfg.max_steps else ''} -> {store.run_path(cfg.name)}")
 
 
 _RUNS_IN_THIS_PROCESS = 0

@@ -44,6 +44,10 @@ def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callabl
             echo(f"run {cfg.name} is already complete ({scan.meta['epoch']}/{cfg.epochs} epochs); "
                  "nothing to do (raise --epochs to train further)")
             complete = True
+        elif cfg.max_steps is not None and scan.meta["step"] >= cfg.max_steps:
+            echo(f"run {cfg.name} is already complete (step {scan.meta['step']}, --max-steps "
+                 f"{cfg.max_steps}); nothing to do (raise --max-steps to train further)")
+            complete = True
         elif ended_by_early_stop(cfg, store, scan.meta):
             saved = scan.meta["config"]["early_stop"]
             echo(f"run {cfg.name} is already complete: --early-stop {saved} ended it after epoch "
@@ -60,7 +64,7 @@ def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, 
     row), and this command does not give a larger --early-stop (which would resume and
     count on, from the validations so far: worker/validate.py)."""
     saved = meta.get("config", {}).get("early_stop")
-    if not saved or meta.get("epoch_step", 0) or (cfg.early_stop is not None and cfg.early_stop > saved):
+    if not saved or (cfg.early_stop is not None and cfg.early_stop > saved):
         return False
 
     table = read_metrics(store.fs, store.run_folder(cfg.name))

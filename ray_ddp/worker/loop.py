@@ -126,7 +126,7 @@ class WorkerRun:
         rank = session.rank
         self.cfg, self.cut, self.rank, self.world_size, self.session = cfg, cut, rank, cut.world, session
         self.parts, self.task, self.source, self.state = parts, task, source, state
-        self.total_steps = plan.total_steps
+        self.last_step = plan.last_step  # --max-steps, where it comes before the epochs' end
         # what each checkpoint says the run is: the user's intent and the plan, apart
         self.run_record = {"config": plan.run.config.to_dict(), "plan": plan.run.planned(),
                            "started_from": plan.started_from}
@@ -135,7 +135,8 @@ class WorkerRun:
         device = parts.devices[0]
         collective = device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.reporter = Reporter(session, cfg.report_interval, collective,
-                                 parts.strategy.checkpoint_writer(session, rank))
+                                 parts.strategy.checkpoint_writer(session, rank),
+                                 save_every_s=cfg.checkpoint_every_minutes * 60 if cfg.checkpoint_every_minutes else None)
         self.heartbeat = heartbeat
         self.profile = ProfileState(cfg.profile, rank, cfg.storage, cfg.name, device)
         self.validator = Validator(cfg, val_set, task, parts, rank, cut.world, collective,
@@ -148,7 +149,7 @@ class WorkerRun:
     def train(self) -> None:
         cfg, state = self.cfg, self.state
         for epoch in range(state.epoch, cfg.epochs):
-            if self.validator.stopped:  # --early-stop, after that epoch's report (or resumed there)
+            if self.ended:  # --early-stop or --max-steps, after that step's report (or resumed there)
                 break
             for i in range(state.epoch_step, cfg.steps_per_epoch):  # >0 only on mid-epoch resume
                 self.profile.before_step(state.step + 1)
@@ -162,21 +163,40 @@ class WorkerRun:
                 self._note_first_step()
                 if i == cfg.steps_per_epoch - 1:
                     self._end_epoch(epoch)
-                elif (i + 1) % cfg.report_every == 0:
-                    self._close_window(epoch, save=False, epoch_end=False)
+                else:
+                    self._within_epoch(epoch, i)
+                if self.ended:
+                    break
         with self.heartbeat.meant_wait():
             self.profile.finish()  # a range past the run's last step ends with it
+
+    @property
+    def ended(self) -> bool:
+        """--early-stop's count reached, or the run's last step (--max-steps) taken."""
+        return self.validator.stopped or self.state.step >= self.last_step
 
     def _end_epoch(self, epoch: int) -> None:
         self.state.epoch, self.state.epoch_step = epoch + 1, 0
         self.parts.strategy.sync_buffers(self.parts.model, self.reporter.collective_device)
-        evaluated = None
-        if self.validator.should_validate(epoch + 1):
-            evaluated = self.validator.validate(epoch + 1)
-            self.window.started += evaluated["val_time_s"]  # left out of the training window
-        # an early stop is the run's end: its epoch always checkpoints, whatever --checkpoint-every
-        self._close_window(epoch, save=should_save(self.cfg, epoch + 1) or self.validator.stopped,
-                           epoch_end=True, evaluated=evaluated)
+        step, last = self.state.step, self.state.step >= self.last_step
+        evaluated = self._validate(epoch + 1) if self.validator.should_validate(epoch + 1, step, last) else None
+        # the run's end (its last epoch, its --max-steps, an early stop) always checkpoints
+        save = should_save(self.cfg, epoch + 1, step) or last or self.validator.stopped
+        self._close_window(epoch, save=save, epoch_end=True, evaluated=evaluated)
+
+    def _within_epoch(self, epoch: int, i: int) -> None:
+        """A step inside an epoch: its window closes every --report-every steps, and where a
+        validation or a checkpoint falls by steps, or the run ends here (--max-steps)."""
+        step, last = self.state.step, self.state.step >= self.last_step
+        evaluated = self._validate(epoch) if self.validator.should_validate(0, step, last) else None
+        save = should_save(self.cfg, 0, step) or last or self.validator.stopped
+        if save or evaluated is not None or (i + 1) % self.cfg.report_every == 0:
+            self._close_window(epoch, save=save, epoch_end=False, evaluated=evaluated)
+
+    def _validate(self, epoch_done: int) -> dict:
+        evaluated = self.validator.validate(epoch_done)
+        self.window.started += evaluated["val_time_s"]  # left out of the training window
+        return evaluated
 
     def _note_first_step(self) -> None:
         if self.first_report is not None and "first_step_at" not in self.first_report:
@@ -199,17 +219,19 @@ class WorkerRun:
         if save:  # the checkpoint's first part: never save non-finite weights (a full pass over them)
             with self.heartbeat.meant_wait():
                 poisoned = not weights_are_finite(model)
-        due, check, bad_loss, bad_weights = self.reporter.agree(bool(self.window.loss_bad.item()), poisoned)
-        raise_if_not_finite(epoch, self.state.step, bad_loss, bad_weights)
-        notice = self.preemptions.new_notice(self.session) if check else None  # the same on every rank
-        if notice is not None and not save:
+        agreed = self.reporter.agree(bool(self.window.loss_bad.item()), poisoned)
+        raise_if_not_finite(epoch, self.state.step, agreed.bad_loss, agreed.bad_weights)
+        # the same on every rank
+        notice = self.preemptions.new_notice(self.session) if agreed.check_preemption else None
+        if (notice is not None or agreed.save) and not save:
             with self.heartbeat.meant_wait():
                 save = self._all_weights_finite()  # never checkpoint poisoned weights, even now
         row = window_row(self.window, self.task, now, epoch=epoch, step=self.state.step, rank=self.rank,
                          world_size=self.world_size, node_rank=self.node_rank, node_id=self.node_id,
                          lr=self.parts.optimizer.param_groups[0]["lr"], device=self.parts.devices[0],
                          flops=self.flops)
-        if epoch_end:
+        last = self.state.step >= self.last_step
+        if epoch_end or last:
             with self.heartbeat.meant_wait():  # FSDP: gathers every parameter
                 row["weights_hash"] = weights_hash(model)
         row.update(evaluated or {})
@@ -222,11 +244,11 @@ class WorkerRun:
             with self.heartbeat.meant_wait():
                 self.reporter.send_with_checkpoint(self.parts, self.state, self.run_record,
                                                    final=is_final_save(self.cfg, epoch, epoch_end,
-                                                                       self.validator.stopped))
-        elif due:
+                                                                       self.validator.stopped, last))
+        elif agreed.send:
             self.reporter.send()
         self.heartbeat.tick()
-        if notice is not None and self.state.step < self.total_steps and not self.validator.stopped:
+        if notice is not None and not last and not self.validator.stopped:
             with self.heartbeat.pause():
                 wait_for_restart(notice["preemption_deadline"])
         # the next window starts now, after the report and any checkpoint: a window's time
@@ -241,13 +263,16 @@ class WorkerRun:
         return not flag.item()
 
 
-def should_save(cfg, epoch_done: int) -> bool:
-    """Checkpoint every ``checkpoint_every`` epochs, and always after the last one."""
-    return epoch_done % cfg.checkpoint_every == 0 or epoch_done == cfg.epochs
+def should_save(cfg, epoch_done: int, step: int) -> bool:
+    """Checkpoint every ``checkpoint_every`` epochs and after the last one (at an epoch's
+    end: ``epoch_done`` > 0), and every ``checkpoint_every_steps`` global steps."""
+    by_epoch = epoch_done > 0 and (epoch_done % cfg.checkpoint_every == 0 or epoch_done == cfg.epochs)
+    return by_epoch or bool(cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
 
 
-def is_final_save(cfg, epoch: int, epoch_end: bool, early_stopped: bool = False) -> bool:
+def is_final_save(cfg, epoch: int, epoch_end: bool, early_stopped: bool = False, last_step: bool = False) -> bool:
     """Whether a checkpoint also writes the whole model (FSDP: gathered from every rank):
-    only at the last epoch's end (or the epoch --early-stop ends the run at), never on a
-    preemption checkpoint within the last epoch, whose deadline is running."""
-    return epoch_end and (epoch + 1 == cfg.epochs or early_stopped) and not cfg.skip_final_model
+    only at the run's end (the last epoch's, the step --early-stop or --max-steps ends it
+    at), never on a preemption or cadence checkpoint before it."""
+    ends = last_step or early_stopped or (epoch_end and epoch + 1 == cfg.epochs)
+    return ends and not cfg.skip_final_model

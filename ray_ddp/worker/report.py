@@ -17,7 +17,7 @@ PREEMPTION_CHECK_S seconds, never per step). Reports go through the worker's ses
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 from ray_ddp.checkpoint.format import capture_rng, checkpoint_dir_name
@@ -29,38 +29,53 @@ from ray_ddp.checkpoint.format import capture_rng, checkpoint_dir_name
 PREEMPTION_CHECK_S = 1.0
 
 
-class Reporter:
-    """Batches this rank's closed windows to Ray; rank 0 also hands Ray its checkpoints."""
+class Agreed(NamedTuple):
+    """What every rank decided together at a window's end (``Reporter.agree``)."""
 
-    def __init__(self, session, report_interval: float, collective_device, writer):
+    send: bool  # the rows not yet sent go to Ray now
+    check_preemption: bool  # ask Ray whether a node is being preempted
+    save: bool  # --checkpoint-every-minutes has passed since the last checkpoint
+    bad_loss: list[int]  # the ranks that saw a non-finite loss
+    bad_weights: list[int]  # ... and non-finite weights (before a checkpoint)
+
+
+class Reporter:
+    """Batches this rank's closed windows to Ray; rank 0 also hands Ray its checkpoints.
+    ``save_every_s``: --checkpoint-every-minutes in seconds (None: off)."""
+
+    def __init__(self, session, report_interval: float, collective_device, writer,
+                 save_every_s: Optional[float] = None):
         self.session = session
         self.rank, self.world_size = session.rank, session.world_size
-        self.report_interval = report_interval
+        self.report_interval, self.save_every_s = report_interval, save_every_s
         self.collective_device = collective_device  # where a tensor for the backend lives
         self.unsent: list[dict[str, Any]] = []
-        self.last_sent = self.last_preemption_check = time.perf_counter()
+        self.last_sent = self.last_preemption_check = self.last_saved = time.perf_counter()
         self.writer = writer  # the strategy's (None on a rank that writes nothing)
 
-    def agree(self, loss_bad: bool, weights_bad: bool) -> tuple[bool, bool, list[int], list[int]]:
+    def agree(self, loss_bad: bool, weights_bad: bool) -> Agreed:
         """One all-reduce: whether a send is due (rank 0's clock: ``report_interval`` has
         passed and no checkpoint is being written, as Ray keeps reports in order),
-        whether a preemption check is due (rank 0's clock again), and which ranks saw a
-        non-finite loss, and non-finite weights."""
+        whether a preemption check is due and whether a timed checkpoint is (rank 0's
+        clock again: one clock for every rank), and which ranks saw a non-finite loss,
+        and non-finite weights."""
         now = time.perf_counter()
         due = self.rank == 0 and now - self.last_sent >= self.report_interval and (
             self.writer is None or self.writer.idle())
         check = self.rank == 0 and now - self.last_preemption_check >= PREEMPTION_CHECK_S
-        flags = torch.zeros(2 + 2 * self.world_size, device=self.collective_device)
-        flags[0], flags[1] = float(due), float(check)
-        flags[2 + self.rank] = float(loss_bad)
-        flags[2 + self.world_size + self.rank] = float(weights_bad)
+        save = self.rank == 0 and self.save_every_s is not None and now - self.last_saved >= self.save_every_s
+        flags = torch.zeros(3 + 2 * self.world_size, device=self.collective_device)
+        flags[0], flags[1], flags[2] = float(due), float(check), float(save)
+        flags[3 + self.rank] = float(loss_bad)
+        flags[3 + self.world_size + self.rank] = float(weights_bad)
         dist.all_reduce(flags)
         values = flags.tolist()
-        bad_loss = [r for r in range(self.world_size) if values[2 + r]]
-        bad_weights = [r for r in range(self.world_size) if values[2 + self.world_size + r]]
+        bad_loss = [r for r in range(self.world_size) if values[3 + r]]
+        bad_weights = [r for r in range(self.world_size) if values[3 + self.world_size + r]]
         if values[1] > 0:
             self.last_preemption_check = now
-        return values[0] > 0 or self.report_interval <= 0, values[1] > 0, bad_loss, bad_weights
+        return Agreed(values[0] > 0 or self.report_interval <= 0, values[1] > 0, values[2] > 0, bad_loss,
+                      bad_weights)
 
     def add(self, row: dict[str, Any]) -> None:
         self.unsent.append(row)
@@ -74,6 +89,7 @@ class Reporter:
         straight into run storage while training goes on. Who writes what is the
         strategy's writer's (DDP: rank 0 the whole state; FSDP: every rank its shards,
         and the last checkpoint, ``final``, also the whole model in model.pt)."""
+        self.last_saved = time.perf_counter()  # --checkpoint-every-minutes counts from here
         rng = [None] * self.world_size
         dist.all_gather_object(rng, capture_rng(parts.devices))  # every rank's RNG goes into the file
         state.rng = rng

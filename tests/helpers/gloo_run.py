@@ -35,7 +35,7 @@ from ray_ddp.cluster.placement import plan_placement
 from ray_ddp.config.workers import worker_range
 from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.resolve import resolve
-from ray_ddp.driver.run import announce, check_run, find_start_point, open_storage
+from ray_ddp.driver.run import announce, check_run, find_start_point, open_storage, summary_of_complete_run
 from ray_ddp.driver.summary import RunSummary, write_summary
 from ray_ddp.errors import TrainingError
 from ray_ddp.models.build import model_stages
@@ -57,6 +57,8 @@ def train_in_gloo(cfg, echo: Callable[[str], None] = lambda line: None, *, model
     cfg, data_shape, plan = check_run(dataclasses.replace(cfg, hang_timeout=0), objects)
     store = open_storage(cfg)
     start, init_from = find_start_point(plan, store, data_shape, model, echo)
+    if start.complete:
+        return summary_of_complete_run(plan, store, start, started)
     placement = plan_placement(workers[1], 0, "gloo", [], stages=model_stages(cfg.model),
                                cpus_per_worker=cfg.cpus_per_worker)
     plan = resolve(cfg, data_shape, placement, store)
@@ -80,7 +82,7 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
     from ray_ddp.observe.callback import MetricsCallback
 
     assert ray_inputs is None, "Ray Data runs on Ray only"
-    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.total_steps, tensorboard=cfg.tensorboard,
+    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.last_step, tensorboard=cfg.tensorboard,
                               keep=cfg.keep, keep_best=cfg.keep_best, tracking=tracking)
     world = placement.workers
     ctx = rank_context()

@@ -167,14 +167,20 @@ def test_a_rerun_of_an_early_stopped_run_is_complete(tmp_path):
     assert (summary.early_stopped, summary.early_stop_epoch, summary.epochs_completed) == (True, 3, 3)
 
 
-@pytest.mark.parametrize("early_stopped, epoch_step", [(False, 0), (True, 4)])
-def test_a_checkpoint_early_stop_did_not_end_is_resumed(tmp_path, early_stopped, epoch_step):
+@pytest.mark.parametrize("epoch_step", [0, 4])
+def test_a_checkpoint_early_stop_did_not_end_is_resumed(tmp_path, epoch_step):
     cfg = run_cfg(tmp_path)
-    store = write_stopped_run(tmp_path, cfg, early_stopped=early_stopped, epoch_step=epoch_step)
+    store = write_stopped_run(tmp_path, cfg, early_stopped=False, epoch_step=epoch_step)
     assert not find_start(cfg, store, None, print).complete
-    if not early_stopped:
-        summary = write_summary(cfg, store, None, None, time.time())
-        assert (summary.early_stopped, summary.early_stop_epoch) == (False, None)
+    summary = write_summary(cfg, store, None, None, time.time())
+    assert (summary.early_stopped, summary.early_stop_epoch) == (False, None)
+
+
+def test_an_early_stop_at_a_validation_mid_epoch_ends_the_run_there(tmp_path):
+    """--eval-every-steps validates mid-epoch: its early stop's checkpoint is the run's end too."""
+    cfg = run_cfg(tmp_path)
+    store = write_stopped_run(tmp_path, cfg, early_stopped=True, epoch_step=4)
+    assert find_start(cfg, store, None, print).complete
 
 
 def test_tables_from_before_the_column_have_no_early_stop():
@@ -193,6 +199,7 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
                       val_fraction=0.2)
     worker = loop.WorkerRun.__new__(loop.WorkerRun)
     worker.cfg, worker.state, worker.cut = cfg, TrainState(), BatchPlan(32, 32).cut(1)
+    worker.last_step = 20
     worker.parts = SimpleNamespace(strategy=SimpleNamespace(sync_buffers=lambda *a: None), model=None)
     worker.reporter = SimpleNamespace(collective_device=torch.device("cpu"))
     worker.window = SimpleNamespace(started=0.0)
@@ -200,13 +207,13 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     worker.heartbeat = Heartbeat(None, 0, "node", "127.0.0.1", 1.0)  # no watch: no thread
     worker.profile = ProfileState(None, 0, "unused", "unused", torch.device("cpu"))
     validator = Validator(cfg, None, None, None, 0, 1, torch.device("cpu"))
-    validator.should_validate = lambda epoch_done: True
+    validator.should_validate = lambda epoch_done, step, last=False: epoch_done > 0
     validator.validate = lambda epoch_done: {"val_time_s": 0.0, **validator.early_stop.update(1.0, epoch_done)}
     worker.validator = validator
     closed = []
     monkeypatch.setattr(loop, "train_step", lambda *a, **k: None)
     monkeypatch.setattr(worker, "_close_window", lambda epoch, save, epoch_end, evaluated=None:
-                        closed.append((epoch + 1, save, evaluated["early_stopped"])))
+                        closed.append((epoch + 1, save, evaluated["early_stopped"])) if epoch_end else None)
     worker.train()
     assert closed == [(1, False, False), (2, False, False), (3, True, True)]  # epoch 3 saved, then no more
     assert (worker.state.epoch, worker.state.step) == (3, 6)

@@ -1,0 +1,98 @@
+"""Checkpoints and validations by steps and by time, mid-epoch too, and --max-steps: a
+lost worker redoes at most --checkpoint-every-steps steps, not the epoch so far. The
+cadence moves no weight: every run here ends with the weights of the same run without
+it, and a run stopped by --max-steps and rerun with a larger one continues bit-identically.
+ray_ddp's own loop in the gloo harness (the reports and checkpoints it makes take the
+path of every other checkpoint on Ray: test_faults.py, test_recovery.py)."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from ray_ddp.data.synth_files import write_synthetic
+
+from ._runs import final_hashes, rows_of, small
+from gloo_run import train_in_gloo
+
+pytestmark = pytest.mark.ray
+
+# 2 epochs of 10 steps, a metrics window every 5, validated on rows of its own
+RUN = dict(epochs=2, report_every=5, report_interval=0, keep=20)
+
+
+@pytest.fixture(scope="module")
+def val(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cadence") / "val"
+    write_synthetic(str(path), rows=64, features=10, targets=5, seed=9)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def plain(storage, val):
+    """The run without a cadence: checkpoints and validations at epoch ends only."""
+    return train_in_gloo(small(storage, "cadence-plain", val_data=val, **RUN))
+
+
+def checkpoints(storage, name):
+    return sorted(int(p.name.split("-")[1]) for p in (storage / name).glob("step-*"))
+
+
+def test_checkpoints_and_validations_fall_by_steps_mid_epoch_and_move_no_weight(plain, storage, val):
+    summary = train_in_gloo(small(storage, "cadence-steps", val_data=val, checkpoint_every_steps=4,
+                                  eval_every_steps=6, **RUN))
+    assert checkpoints(storage, "cadence-steps") == [4, 8, 10, 12, 16, 20]
+    evals = pq.read_table(storage / "cadence-steps" / "eval.parquet").column("step").to_pylist()
+    assert evals == [6, 10, 12, 18, 20]
+    assert checkpoints(storage, "cadence-plain") == [10, 20]
+    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(plain))
+
+
+def test_checkpoints_by_minutes_are_taken_at_window_ends_by_every_rank(storage, val):
+    # a deadline always passed: every window's end checkpoints (windows close every 5 steps)
+    train_in_gloo(small(storage, "cadence-minutes", val_data=val, checkpoint_every_minutes=1e-6, **RUN))
+    assert checkpoints(storage, "cadence-minutes") == [5, 10, 15, 20]
+    train_in_gloo(small(storage, "cadence-an-hour", val_data=val, checkpoint_every_minutes=60, **RUN))
+    assert checkpoints(storage, "cadence-an-hour") == [10, 20]
+
+
+def test_max_steps_ends_the_run_and_a_larger_one_continues_it_bit_identically(plain, storage, val):
+    lines: list[str] = []
+    first = train_in_gloo(small(storage, "cadence-max", val_data=val, max_steps=13, quiet=False, **RUN),
+                          echo=lines.append)
+    assert (first.steps, first.epochs_completed) == (13, 1)
+    assert checkpoints(storage, "cadence-max") == [10, 13]
+    assert "(to step 13 at most)" in lines[0], lines
+    # the run's end is validated, and its last row carries the weights' fingerprint
+    evals = pq.read_table(storage / "cadence-max" / "eval.parquet").column("step").to_pylist()
+    assert evals == [10, 13]
+    assert final_hashes(rows_of(first))
+    again: list[str] = []
+    same = train_in_gloo(small(storage, "cadence-max", val_data=val, max_steps=13, **RUN), echo=again.append)
+    assert same.steps == 13 and again == ["run cadence-max is already complete (step 13, --max-steps 13); "
+                                          "nothing to do (raise --max-steps to train further)"]
+    rest = train_in_gloo(small(storage, "cadence-max", val_data=val, max_steps=100, **RUN))
+    assert (rest.steps, rest.epochs_completed) == (20, 2)
+    assert final_hashes(rows_of(rest)) == final_hashes(rows_of(plain))
+
+
+def test_a_worker_lost_mid_epoch_redoes_at_most_the_steps_since_the_last_step_checkpoint(ray_local, storage,
+                                                                                        tmp_path):
+    """On Ray: rank 1 SIGKILLed at step 7 of a 10-step epoch, --checkpoint-every-steps 3:
+    Ray Train restarts the group from a step checkpoint, not from scratch (a checkpoint per
+    epoch would cost all 7 steps), and the run ends with the weights of one never killed."""
+    import functools
+
+    from ray_ddp import run
+    from user_models import dies_on_rank_one
+
+    cfg = small(storage, "cadence-killed", epochs=1, checkpoint_every_steps=3, max_failures=1, keep=4)
+    summary = run(cfg, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 7))
+    [event] = summary.events
+    assert (event["type"], event["rank"], event["restarted"]) == ("failure", 1, True), event
+    # a checkpoint counts once Ray Train's controller has taken its report (it polls each
+    # second; these toy steps take milliseconds): step 6's, or step 3's when the kill came first
+    assert event["from_checkpoint"] in ("step-00000003", "step-00000006"), event
+    assert event["steps_lost"] < 7, event  # the epoch so far: what a checkpoint per epoch redoes
+    never_killed = train_in_gloo(small(storage, "cadence-never-killed", epochs=1))
+    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(never_killed))
