@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -17,7 +17,7 @@ from ray_ddp.checkpoint.format import TrainState
 from ray_ddp.checkpoint.sharded import is_sharded_checkpoint
 from ray_ddp.checkpoint.verify import verify_checkpoint
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.errors import CheckpointError
+from ray_ddp.errors import CheckpointError, StorageError
 from ray_ddp.storage import local_copy, resolve_storage
 
 
@@ -47,6 +47,8 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
                 directory = stack.enter_context(open_folder())
             except FileNotFoundError:  # remote storage: a folder deleted since it was named
                 directory, problem = None, "its folder is gone"
+            except (OSError, StorageError) as err:  # a transient read on this rank's node
+                directory, problem = None, f"it could not be read ({type(err).__name__}: {err})"
             else:
                 problem = _problem_of(directory, strategy)
             # every rank takes the same one: a rank that cannot read it (a transient remote
@@ -78,20 +80,32 @@ def usable_on_every_rank(usable: bool) -> bool:
     return bool(flag.item())
 
 
-def check_ranks_resumed_alike(step: int, loaded_hash: Optional[int]) -> None:
+def check_ranks_resumed_alike(step: int, weights_hash: Callable[[], int]) -> Optional[int]:
     """Stop every rank (one CheckpointError each) unless all of them start from the same
-    step with the same weights: a mix would train on without a word. One all-reduce."""
-    if not dist.is_initialized():
-        return
-    mine = [float(step), float(loaded_hash or 0)]  # a 48-bit hash is exact in a float64
-    spread = torch.tensor(mine + [-v for v in mine], dtype=torch.float64, device=_collective_device())
+    step with the same weights: a mix would train on without a word. The steps are
+    compared first, so that ``weights_hash`` (a collective under FSDP) runs on every rank
+    or on none. The weights' hash of a resumed run (None for a new one)."""
+    grouped = dist.is_initialized()
+    if grouped:
+        _same_on_every_rank(step, "steps")
+    if not step:
+        return None
+    loaded = weights_hash()
+    if grouped:
+        _same_on_every_rank(loaded, "weights at the same step")
+    return loaded
+
+
+def _same_on_every_rank(value: int, what: str) -> None:
+    """One all-reduce of ``value`` and its negation (a 48-bit hash is exact in a float64)."""
+    spread = torch.tensor([float(value), -float(value)], dtype=torch.float64, device=_collective_device())
     dist.all_reduce(spread, op=dist.ReduceOp.MAX)
-    most, least = spread[:2].tolist(), [-v for v in spread[2:].tolist()]
+    most, least = spread[0].item(), -spread[1].item()
     if most != least:
+        shown = f" {int(least)} to {int(most)}" if what == "steps" else ""
         raise CheckpointError(
-            f"the ranks resumed from different states (steps {int(least[0])} to {int(most[0])}"
-            f"{', different weights' if most[0] == least[0] else ''}): a rank loaded another "
-            "checkpoint than the others; run the same command again to resume from the newest whole one")
+            f"the ranks resumed from different {what}{shown}: a rank loaded another checkpoint than the "
+            "others; run the same command again to resume from the newest whole one")
 
 
 def _collective_device() -> torch.device:

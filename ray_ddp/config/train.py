@@ -169,8 +169,8 @@ class TrainConfig:
     # --- optimisation ---
     epochs: int = _opt("total epochs (a resumed run trains up to this many)", default=3)
     max_steps: Optional[int] = _opt(
-        "end the run at this global step if --epochs has not ended it before, with a checkpoint "
-        "and a validation; the schedule (--warmup-steps, cosine) still spans --epochs, so a "
+        "end the run at this global step if --epochs has not ended it before, with a checkpoint; "
+        "the schedule (--warmup-steps, cosine) and the validations still follow --epochs, so a "
         "rerun with a larger --max-steps continues the run bit-identically", default=None)
     steps_per_epoch: Optional[int] = _opt("optimizer steps per epoch of synthetic data; default: 20 "
                                           "(with --data or --dataset: as many as one pass over the "

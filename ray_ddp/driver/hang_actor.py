@@ -37,8 +37,8 @@ class HangWatch:
     def ask_for_stacks(self, processes: Iterable[Process]) -> dict[int, dict[str, Any]]:
         return self.state.ask_for_stacks(processes)
 
-    def put_stacks(self, rank, pid, text, waiting, where):
-        self.state.put_stacks(rank, pid, text, waiting, where)
+    def put_stacks(self, rank, node, pid, text, waiting, where):
+        self.state.put_stacks(rank, node, pid, text, waiting, where)
 
     def put_trace(self, rank, trace):
         self.state.put_trace(rank, trace)

@@ -81,9 +81,10 @@ class WatchState:
         self.asking, self.asked, self.stacks = True, set(map(tuple, processes)), {}
         return {rank: dict(r) for rank, r in self.ranks.items() if (r["node"], r["pid"]) in self.asked}
 
-    def put_stacks(self, rank: int, pid: int, text: str, waiting: bool, where: str) -> None:
-        """A rank's answer; only an asked process's counts (a new group's rank is never asked)."""
-        if self.asking and any(p == pid for _, p in self.asked):
+    def put_stacks(self, rank: int, node: str, pid: int, text: str, waiting: bool, where: str) -> None:
+        """A rank's answer; only an asked process's counts (a new group's rank is never
+        asked), by its node and pid (pids repeat across nodes)."""
+        if self.asking and (node, pid) in {tuple(p) for p in self.asked}:
             self.stacks[rank] = {"pid": pid, "text": text, "waiting": waiting, "where": where}
 
     def put_trace(self, rank: int, trace: str) -> None:

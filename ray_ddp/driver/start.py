@@ -84,6 +84,15 @@ def check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_
             f"run {cfg.name} has steps_per_epoch={saved['steps_per_epoch']} in {dir_name}; "
             "resume with the same --steps-per-epoch, or use a new --name"
         )
+    # a mid-epoch checkpoint (a step or time cadence, a preemption) names its step within
+    # the epoch: with other steps per epoch, that step holds other rows (or is past the end)
+    if meta.get("epoch_step", 0) and cfg.steps_per_epoch != saved.get("steps_per_epoch", cfg.steps_per_epoch):
+        raise ConfigError(
+            f"run {cfg.name}'s {dir_name} was taken at step {meta['epoch_step']} of epoch "
+            f"{meta['epoch'] + 1}'s {saved['steps_per_epoch']} steps, and this command makes "
+            f"{cfg.steps_per_epoch} steps an epoch (another global batch, --batch-size or data); "
+            "resume with the same ones to finish that epoch, or use a new --name"
+        )
 
 
 def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], None]) -> None:

@@ -12,6 +12,7 @@ import time
 import pyarrow as pa
 from ray.train import UserCallback
 from ray_ddp.run_folder import Progress, RunFolder
+from ray_ddp.errors import StorageError
 from ray_ddp.storage import read_table, resolve_storage, write_json, write_table
 from ray_ddp.observe.metrics_table import MetricsAppender, read_metrics
 from ray_ddp.checkpoint.retention import prune_checkpoints
@@ -62,7 +63,11 @@ class MetricsCallback(UserCallback):
             self._load_history(store.fs, folder)
         # Windows end on fixed steps, so a restarted worker group (or a resumed run)
         # re-reports the very steps it redoes: its rows replace the earlier attempt's.
-        first_step = int(windows[0][0]["step"])
+        # a new group's first row says where it resumed: the steps after it are redone,
+        # even where its first window ends later than the earlier attempt's did
+        resumed = windows[0][0].get("resumed_at")
+        first_step = int(windows[0][0]["step"]) if resumed is None else min(int(windows[0][0]["step"]),
+                                                                              int(resumed) + 1)
         self._note_restart(windows[0])
         self._worlds = [w for w in self._worlds if w[0] < first_step]
         self._note_resize(windows[0])
@@ -80,7 +85,14 @@ class MetricsCallback(UserCallback):
                 self._close_tensorboard()
         # every report's rows reach storage before the next report: a failure, an
         # interruption or a killed driver loses none of the rows that explain it
-        self._table.write(store.fs, folder, seal=checkpoint is not None)
+        try:
+            self._table.write(store.fs, folder, seal=checkpoint is not None)
+        except StorageError:
+            if checkpoint is not None:  # a checkpoint's rows must be in storage with it
+                raise
+            # the rows stay in the open part, in memory, and go out with the next report
+            print(f"warning: ray_ddp could not write the metrics rows of step {progress.step} to storage; "
+                  "trying again at the next report", flush=True)
         if any("val_loss" in window[0] for window in windows) or (checkpoint is not None and self._evals):
             write_table(store.fs, folder.evals, pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
         if checkpoint is not None:

@@ -79,8 +79,11 @@ def read_metrics(fs: pafs.FileSystem, folder: RunFolder, parts: Optional[list[st
     """The run's metrics: metrics.parquet with its parts applied in order (``parts``:
     their paths, if listed already), then ``last`` (a part not written); None if the run
     has none of them."""
+    # the parts listed before the table is read: a fold in between leaves rows in the new
+    # table that a part listed already holds too, and a part applies twice as once
+    parts = _part_paths(fs, folder) if parts is None else parts
     table = read_table(fs, folder.metrics)
-    later = [read_table(fs, path) for path in (_part_paths(fs, folder) if parts is None else parts)]
+    later = [read_table(fs, path) for path in parts]
     for part in [p for p in later if p is not None] + ([last] if last is not None else []):  # None: folded meanwhile
         from_step = int((part.schema.metadata or {}).get(FROM_STEP, b"0"))
         part = part.replace_schema_metadata(None)
@@ -99,7 +102,9 @@ def fold_metrics(fs: pafs.FileSystem, folder: RunFolder, last: Optional[pa.Table
         return 0 if table is None else table.num_rows
     table = read_metrics(fs, folder, parts, last)
     write_table(fs, folder.metrics, table)  # atomic: a reader sees the old table or the new
-    if parts:
+    for path in parts:  # only those folded: one written since (a controller still alive) stays
+        fs.delete_file(path)
+    if parts and not _part_paths(fs, folder):
         fs.delete_dir(folder.metrics_parts)
     return table.num_rows
 

@@ -101,7 +101,7 @@ class Heartbeat:
                 command = ray.get(self._beat(), timeout=30)
                 if command == "stacks":
                     text, waiting, where = capture_stacks(self._main)
-                    ray.get(self.watch.put_stacks.remote(self.rank, os.getpid(), text, waiting, where),
+                    ray.get(self.watch.put_stacks.remote(self.rank, self.node_id, os.getpid(), text, waiting, where),
                             timeout=30)
                     # then the process group's own record (how far this rank got in the
                     # collectives): after the stacks, which a wedged device must not hold up

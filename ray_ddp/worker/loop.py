@@ -73,8 +73,7 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
         torch.set_num_threads(cfg.cpus_per_worker or 1)
         parts, state = build_parts(cfg, plan, build_strategy(cfg), devices, objects.get("model"),
                                    session.latest_checkpoint())
-        loaded_hash = weights_hash(parts.model) if state.step else None
-        check_ranks_resumed_alike(state.step, loaded_hash)
+        loaded_hash = check_ranks_resumed_alike(state.step, lambda: weights_hash(parts.model))
         if len(state.rng) == world_size:
             restore_rng(state.rng[rank], devices)
         else:  # a new run, or another world size: independent dropout-like noise per rank
@@ -87,7 +86,7 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
         heartbeat = Heartbeat(plan.hang_watch, rank, session.node_id, session.node_ip,
                               min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step)
         run = WorkerRun(plan, cut, session, parts, task, source, val_set, state,
-                        {"loaded_hash": loaded_hash, "started_at": started_at}, heartbeat)
+                        {"loaded_hash": loaded_hash, "started_at": started_at, "resumed_at": state.step}, heartbeat)
     try:
         run.train()
     except RuntimeError as err:
@@ -179,7 +178,7 @@ class WorkerRun:
         self.state.epoch, self.state.epoch_step = epoch + 1, 0
         self.parts.strategy.sync_buffers(self.parts.model, self.reporter.collective_device)
         step, last = self.state.step, self.state.step >= self.last_step
-        evaluated = self._validate(epoch + 1) if self.validator.should_validate(epoch + 1, step, last) else None
+        evaluated = self._validate(epoch + 1) if self.validator.should_validate(epoch + 1, step) else None
         # the run's end (its last epoch, its --max-steps, an early stop) always checkpoints
         save = should_save(self.cfg, epoch + 1, step) or last or self.validator.stopped
         self._close_window(epoch, save=save, epoch_end=True, evaluated=evaluated)
@@ -188,7 +187,10 @@ class WorkerRun:
         """A step inside an epoch: its window closes every --report-every steps, and where a
         validation or a checkpoint falls by steps, or the run ends here (--max-steps)."""
         step, last = self.state.step, self.state.step >= self.last_step
-        evaluated = self._validate(epoch) if self.validator.should_validate(0, step, last) else None
+        validate = self.validator.should_validate(0, step)
+        if validate or last:  # every rank validates and hashes rank 0's buffers, as at an epoch's end
+            self.parts.strategy.sync_buffers(self.parts.model, self.reporter.collective_device)
+        evaluated = self._validate(epoch) if validate else None
         save = should_save(self.cfg, 0, step) or last or self.validator.stopped
         if save or evaluated is not None or (i + 1) % self.cfg.report_every == 0:
             self._close_window(epoch, save=save, epoch_end=False, evaluated=evaluated)

@@ -27,7 +27,7 @@ from ray_ddp.storage import read_table, resolve_storage
 
 class Validator:
     """Decides when to validate (every ``--eval-every`` epochs and after the last, every
-    ``--eval-every-steps`` steps, at the run's last step), does it, and with
+    ``--eval-every-steps`` steps), does it, and with
     ``--early-stop`` whether training should stop (``stopped``)."""
 
     def __init__(self, cfg, val_set: Optional[ValSet], task: Task, parts: TrainParts, rank: int,
@@ -54,14 +54,16 @@ class Validator:
         dist.broadcast_object_list(rows, src=0)
         self.early_stop.replay(rows[0])
 
-    def should_validate(self, epoch_done: int, step: int, last: bool = False) -> bool:
+    def should_validate(self, epoch_done: int, step: int) -> bool:
         """At an epoch's end (``epoch_done`` > 0: every --eval-every epochs and after the
-        last), every --eval-every-steps global steps, and at the run's ``last`` step."""
+        last), and every --eval-every-steps global steps. Not at a --max-steps end of its
+        own: a run continued with a larger --max-steps validates (and counts --early-stop)
+        where one that never stopped does."""
         cfg = self.cfg
         if self.val_set is None:
             return False
         by_epoch = epoch_done > 0 and (epoch_done % cfg.eval_every == 0 or epoch_done == cfg.epochs)
-        return by_epoch or last or bool(cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
+        return by_epoch or bool(cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
 
     def validate(self, epoch_done: int = 0) -> dict:
         """The validation figures as metrics columns (``val_loss``, ...), the same on

@@ -14,6 +14,8 @@ import os
 import socket
 import sys
 
+from typing import Optional
+
 import torch
 
 from rank_procs import rank_context, start_rank
@@ -234,20 +236,23 @@ class _CheckpointOf:
     """What Ray hands a restarted rank (``ray.train.Checkpoint``): a path and its local
     folder, here a different folder for each rank (a node's own download)."""
 
-    def __init__(self, path: str, local: str):
+    def __init__(self, path: str, local: Optional[str]):
         self.path, self.local = path, local
 
     def as_directory(self):
         import contextlib
 
+        if self.local is None:  # the node's download failed (a dropped connection)
+            raise ConnectionResetError("the download of the checkpoint was cut off")
         return contextlib.nullcontext(self.local)
 
 
-def resume_where_one_rank_cannot_read_the_newest(rank: int, world: int, storage: str) -> tuple[int, str]:
+def resume_where_one_rank_cannot_read_the_newest(rank: int, world: int, storage: str,
+                                                 torn: bool = True) -> tuple[int, str]:
     """ray_ddp's choice of the checkpoint to resume on each rank of a group restarted
     within a run: Ray hands back step 20's (newer than the driver's step 10), but rank 1's
-    download of it is torn (a transient remote read). The step each rank resumed at, or
-    the error that stopped it."""
+    download of it is torn (``torn``) or fails (a transient remote read). The step each
+    rank resumed at, or the error that stopped it."""
     from ray_ddp.checkpoint.resume import check_ranks_resumed_alike, load_checkpoint_to_resume
     from ray_ddp.checkpoint.verify import weights_hash
     from ray_ddp.config.train import TrainConfig
@@ -258,11 +263,11 @@ def resume_where_one_rank_cannot_read_the_newest(rank: int, world: int, storage:
     model = ToyModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     newest = f"{storage}/r/step-00000020"
-    latest = _CheckpointOf(newest, newest if rank == 0 else f"{storage}/torn-step-00000020")
+    latest = _CheckpointOf(newest, newest if rank == 0 else f"{storage}/torn-step-00000020" if torn else None)
     try:
         state = load_checkpoint_to_resume(cfg, "step-00000010", "step-00000010", latest, build_strategy(cfg),
                                           model, optimizer, {})
-        check_ranks_resumed_alike(state.step, weights_hash(model))
+        check_ranks_resumed_alike(state.step, lambda: weights_hash(model))
     except Exception as err:
         return -1, str(err)
     return state.step, ""
@@ -273,7 +278,7 @@ def check_a_mix_of_resumed_steps(rank: int, world: int) -> str:
     from ray_ddp.checkpoint.resume import check_ranks_resumed_alike
 
     try:
-        check_ranks_resumed_alike(10 * (rank + 1), 12345)
+        check_ranks_resumed_alike(10 * (rank + 1), lambda: 12345)
     except Exception as err:
         return str(err)
     return ""

@@ -186,11 +186,14 @@ def test_every_rank_resumes_from_the_same_checkpoint_when_one_cannot_read_the_ne
     shutil.copytree(tmp_path / "r" / "step-00000020", torn)
     (torn / MODEL_FILE).write_bytes((torn / MODEL_FILE).read_bytes()[:100])
     assert run_on_ranks(2, resume_where_one_rank_cannot_read_the_newest, str(tmp_path)) == [(10, ""), (10, "")]
+    # or its download fails outright: the same choice, not a rank that leaves the others waiting
+    assert run_on_ranks(2, resume_where_one_rank_cannot_read_the_newest, str(tmp_path), False) == \
+        [(10, ""), (10, "")]
     # and a mix that got past the choice anyway stops every rank, in one line
     from dist_matrix import check_a_mix_of_resumed_steps
 
     for told in run_on_ranks(2, check_a_mix_of_resumed_steps):
-        assert told.startswith("the ranks resumed from different states (steps 10 to 20)"), told
+        assert told.startswith("the ranks resumed from different steps 10 to 20: "), told
 
 
 def test_a_label_outside_a_classifiers_outputs_past_the_first_rows_is_one_line_from_the_worker(storage):

@@ -219,3 +219,18 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     assert (worker.state.epoch, worker.state.step) == (3, 6)
     worker.train()  # resumed where it stopped (a restart within the run): nothing more to train
     assert len(closed) == 3 and worker.state.step == 6
+
+
+def test_a_mid_epoch_checkpoint_is_not_resumed_with_other_steps_per_epoch():
+    """A checkpoint at step 6 of a 10-step epoch names rows by that cut; with 5 steps an
+    epoch (another global batch) step 6 is past the epoch's end: one line, not a run that
+    silently trains nothing."""
+    from ray_ddp.driver.start import check_resumable
+    from ray_ddp.errors import ConfigError
+
+    meta = {"epoch": 1, "step": 16, "epoch_step": 6, "config": {}, "plan": {"steps_per_epoch": 10}}
+    with pytest.raises(ConfigError, match=r"taken at step 6 of epoch 2's 10 steps, and this command makes 5 steps"):
+        check_resumable(TrainConfig(name="r", steps_per_epoch=5), meta, "step-00000016", data_decides_steps=True)
+    check_resumable(TrainConfig(name="r", steps_per_epoch=10), meta, "step-00000016", data_decides_steps=True)
+    check_resumable(TrainConfig(name="r", steps_per_epoch=5), {**meta, "epoch_step": 0}, "step-00000010",
+                    data_decides_steps=True)

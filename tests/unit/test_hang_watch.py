@@ -88,7 +88,7 @@ def test_ranks_are_asked_for_their_stacks_once():
     _beat(w, 0, 1, now=0)
     assert set(w.ask_for_stacks([("node", 100)])) == {0}
     assert _beat(w, 0, 1, now=1) == "stacks"
-    w.put_stacks(0, 100, "text", True, "here")
+    w.put_stacks(0, "node", 100, "text", True, "here")
     assert _beat(w, 0, 1, now=2) is None
     w.retire([("node", 100)])
     assert _beat(w, 0, 1, now=3) is None and not w.ranks and not w.asking
@@ -250,7 +250,7 @@ def test_a_group_ray_restarted_while_the_stacks_were_asked_for_is_watched_on():
     assert set(w.ask_for_stacks(stall["processes"])) == {0, 1}
     for rank, pid in ((0, 201), (1, 202)):  # the new group: never asked for stacks
         assert w.beat(rank, pid, "n", "ip", 0, 0, False, now=15.0) is None
-    w.put_stacks(0, 201, "the new group's", False, "x")  # nor are its stacks taken for the hung group's
+    w.put_stacks(0, "n", 201, "the new group's", False, "x")  # nor are its stacks taken for the hung group's
     assert w.stacks == {}
     w.retire(stall["processes"])  # after the kill: exactly the hung group
     assert w.retired == {("n", 101), ("n", 102)} and not w.asking
@@ -298,7 +298,7 @@ def _handler(tmp_path, watch, ranks, lines, fail=(), lose_reply=(), answering=()
         result = getattr(watch, method)(*args)
         for rank in answering if method == "ask_for_stacks" else ():
             if watch.beat(rank, 101 + rank, "n", "ip", 5, 5, False) == "stacks":
-                watch.put_stacks(rank, 101 + rank, "its own stacks\n", True, "distributed_c10d.py:1 in all_reduce")
+                watch.put_stacks(rank, "n", 101 + rank, "its own stacks\n", True, "distributed_c10d.py:1 in all_reduce")
         if method in lose_reply:
             raise TimeoutError(f"{method}: no reply within 30 s")
         return result
@@ -422,3 +422,14 @@ def test_a_dump_that_fails_or_never_returns_is_a_line_and_waits_no_longer_than_t
     assert texts[0] == "no stacks: py-spy on its node did not answer (TimeoutError)\n"
     assert texts[1] == "no stacks: py-spy on its node did not answer within 0.5 s\n"
     assert texts[2] == "py-spy\n"
+
+
+def test_stacks_count_only_from_the_asked_process_on_its_own_node():
+    """pids repeat across nodes: a process on another node with the asked pid is not it."""
+    w = WatchState(timeout_s=1)
+    w.beat(0, 100, "node-a", "ip", 1, 1, False, now=0.0)
+    w.ask_for_stacks([("node-a", 100)])
+    w.put_stacks(0, "node-b", 100, "another node's process", False, "x")
+    assert w.stacks == {}
+    w.put_stacks(0, "node-a", 100, "its own", True, "y")
+    assert w.stacks[0]["text"] == "its own"

@@ -131,3 +131,17 @@ def test_an_open_part_is_rewritten_in_place_and_sealed_at_a_size_bound(tmp_path,
     # steps 1-3 (6 rows) sealed as part 0, steps 4-6 as part 1, step 7 open in part 2
     assert parts == ["part-000000.parquet", "part-000001.parquet", "part-000002.parquet"], parts
     assert [s for s, _, _ in keys(read_metrics(store.fs, folder))] == [s for s in range(1, 8) for _ in (0, 1)]
+
+
+def test_a_group_resumed_from_a_checkpoint_replaces_every_row_after_it_whatever_its_windows(tmp_path):
+    """The first command reported every 5 steps, checkpointed at 10, and died after 20; the
+    rerun reports every 10: its first window ends at 20, but it redid steps 11-20, so the
+    dead attempt's row of step 15 goes too (its first row says where it resumed)."""
+    (tmp_path / "r").mkdir()
+    store = resolve_storage(str(tmp_path))
+    first = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30)
+    for step in (5, 10, 15, 20):
+        first.after_report(None, [row(step, 0)], checkpoint(step) if step == 10 else None)
+    again = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30)
+    again.after_report(None, [row(20, 0, 2.0, started_at=1.0, resumed_at=10)], None)
+    assert keys(read_metrics(store.fs, store.run_folder("r"))) == [(5, 0, 1.0), (10, 0, 1.0), (20, 0, 2.0)]
