@@ -25,8 +25,8 @@ class HangWatch:
     def __init__(self, timeout_s: float, wait_s: Optional[float] = None):
         self.state = WatchState(timeout_s, wait_s)
 
-    def beat(self, rank, pid, node, ip, step, progress, paused, waiting=False):
-        return self.state.beat(rank, pid, node, ip, step, progress, paused, time.monotonic(), waiting)
+    def beat(self, rank, pid, node, ip, step, progress, paused, waiting=False, group=None):
+        return self.state.beat(rank, pid, node, ip, step, progress, paused, time.monotonic(), waiting, group)
 
     def stalled(self):
         return self.state.stalled(time.monotonic())

@@ -31,26 +31,41 @@ class WatchState:
     wait_s: Optional[float] = None  # --wait-timeout: None, the defaults of worker/collectives.py
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     retired: set[Process] = field(default_factory=set)
+    retired_groups: set[int] = field(default_factory=set)  # worker groups' ids (heartbeat.group_id)
     asking: bool = False  # stacks were asked for: the asked ranks answer at their next beat
     asked: set[Process] = field(default_factory=set)
     stacks: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def beat(self, rank: int, pid: int, node: str, ip: str, step: int, progress: int, paused: bool,
-             now: float, waiting: bool = False) -> Optional[str]:
+             now: float, waiting: bool = False, group: Optional[int] = None) -> Optional[str]:
         """Note a rank's beat; "stacks" when it is one of the hung group's ranks asked
-        for its stacks that has not sent them yet."""
-        if (node, pid) in self.retired:
+        for its stacks that has not sent them yet. ``group``: the id its worker group's
+        ranks agreed on: a new id is a new group, even one whose first beat comes from a
+        rank the group before did not have (an elastic run grown); without ids, a rank
+        beating from another process is."""
+        if (node, pid) in self.retired or group in self.retired_groups:
             return None
         known = self.ranks.get(rank)
+        if group is not None:
+            older = {r.get("group") for r in self.ranks.values()} - {group}
+            if older:  # a new worker group: the ranks of those before it are retired
+                self._retire_ranks([r for r, k in self.ranks.items() if k.get("group") in older])
+                self.retired_groups |= older - {None}
+                known = self.ranks.get(rank)
         if known is not None and (known["node"], known["pid"]) != (node, pid):  # a new worker group: start afresh
-            self.retired |= set(processes_of(self.ranks))
-            self.ranks = {}
+            self._retire_ranks(list(self.ranks))
             known = None
         if known is None or known["progress"] != progress:
             self.ranks[rank] = known = {"pid": pid, "node": node, "ip": ip, "step": step,
-                                        "progress": progress, "changed_at": now}
+                                        "progress": progress, "changed_at": now, "group": group}
         known.update(paused=paused, waiting=waiting, seen_at=now)
         return "stacks" if self.asking and (node, pid) in self.asked and rank not in self.stacks else None
+
+    def _retire_ranks(self, ranks: list[int]) -> None:
+        """Those ranks' processes retired (their late beats ignored) and forgotten."""
+        self.retired |= {(self.ranks[r]["node"], self.ranks[r]["pid"]) for r in ranks}
+        for rank in ranks:
+            del self.ranks[rank]
 
     def stalled(self, now: float) -> Optional[dict[str, Any]]:
         """{"step", "since_s", "processes"} when every rank has run a step and none has

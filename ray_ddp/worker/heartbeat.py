@@ -37,8 +37,10 @@ class Heartbeat:
     """This rank's progress count and the thread that reports it; with no watch
     (``--hang-timeout 0``) ``tick`` and ``pause`` cost nothing and no thread runs."""
 
-    def __init__(self, watch: Any, rank: int, node_id: str, ip: str, interval_s: float, step: int = 0):
+    def __init__(self, watch: Any, rank: int, node_id: str, ip: str, interval_s: float, step: int = 0,
+                 group: Optional[int] = None):
         self.watch, self.rank, self.node_id, self.ip, self.interval_s = watch, rank, node_id, ip, interval_s
+        self.group = group  # the id this worker group's ranks agreed on (group_id)
         # ``step``: the last step finished before this life (a resumed run's checkpoint's)
         self.progress, self.step, self.paused, self.waiting = 0, step, False, False
         # the training loop's thread (Ray Train runs it apart from the process's main thread)
@@ -91,7 +93,7 @@ class Heartbeat:
 
     def _beat(self):
         return self.watch.beat.remote(self.rank, os.getpid(), self.node_id, self.ip, self.step, self.progress,
-                                      self.paused, self.waiting)
+                                      self.paused, self.waiting, self.group)
 
     def _run(self) -> None:
         import ray
@@ -156,3 +158,19 @@ def py_spy_dump(pid: int, timeout_s: float = 10.0) -> str:
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout if done.returncode == 0 else ""
+
+
+def group_id(device) -> int:
+    """An id every rank of this worker group shares and no other group has: rank 0's
+    random draw, handed to the others in one all-reduce (``device``: where a tensor for
+    the backend lives). It tells the hang watch a new group from the one before, whatever
+    rank of it beats first."""
+    import random
+
+    import torch
+    import torch.distributed as dist
+
+    mine = random.SystemRandom().getrandbits(52) + 1 if dist.get_rank() == 0 else 0  # exact in a float64
+    shared = torch.tensor([float(mine)], dtype=torch.float64, device=device)
+    dist.all_reduce(shared)
+    return int(shared.item())

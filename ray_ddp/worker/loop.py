@@ -36,7 +36,7 @@ from ray_ddp.worker.checks import raise_if_not_finite, weights_are_finite
 from ray_ddp.worker.collectives import shorten_collective_timeout
 from ray_ddp.worker.devices import worker_devices
 from ray_ddp.worker.flops import flops_per_token, peak_flops
-from ray_ddp.worker.heartbeat import Heartbeat
+from ray_ddp.worker.heartbeat import Heartbeat, group_id
 from ray_ddp.worker.parts import TrainParts, build_parts
 from ray_ddp.worker.preemption import PreemptionState, wait_for_restart
 from ray_ddp.worker.profile import ProfileState
@@ -83,8 +83,10 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
         task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
                           model_loss=plan.model_loss and takes_keyword(parts.model, "labels"))
         source, val_set = build_inputs(cfg, cut, rank, devices[0], objects, plan.ray_data)
+        collective = devices[0] if dist.get_backend() == "nccl" else torch.device("cpu")
+        group = group_id(collective) if plan.hang_watch is not None else None  # the same on every rank
         heartbeat = Heartbeat(plan.hang_watch, rank, session.node_id, session.node_ip,
-                              min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step)
+                              min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step, group)
         run = WorkerRun(plan, cut, session, parts, task, source, val_set, state,
                         {"loaded_hash": loaded_hash, "started_at": started_at, "resumed_at": state.step}, heartbeat)
     try:

@@ -433,3 +433,21 @@ def test_stacks_count_only_from_the_asked_process_on_its_own_node():
     assert w.stacks == {}
     w.put_stacks(0, "node-a", 100, "its own", True, "y")
     assert w.stacks[0]["text"] == "its own"
+
+
+def test_a_grown_group_whose_new_rank_beats_first_is_watched_whole():
+    """An elastic run grows from 2 ranks to 4 (a new worker group): its rank 2, a slot the
+    group before did not have, beats first. The group's id tells it is new: the old ranks
+    are retired, and none of the new group's, rank 2 included, is (by pids alone, new
+    rank 0's beat retired rank 2 with the old ranks, and its hang went unseen)."""
+    w = WatchState(timeout_s=10)
+    for rank, pid in ((0, 101), (1, 102)):
+        w.beat(rank, pid, "n", "ip", 5, 5, False, now=0.0, group=1)
+    w.beat(2, 203, "n", "ip", 0, 1, False, now=1.0, group=2)
+    for rank, pid in ((0, 201), (1, 202), (3, 204)):
+        w.beat(rank, pid, "n", "ip", 0, 1, False, now=1.0, group=2)
+    assert sorted(w.ranks) == [0, 1, 2, 3] and ("n", 203) not in w.retired
+    assert w.beat(0, 101, "n", "ip", 6, 6, False, now=2.0, group=1) is None  # a late beat of the old group
+    assert sorted(w.ranks) == [0, 1, 2, 3] and w.ranks[0]["pid"] == 201
+    stall = w.stalled(now=12.0)
+    assert stall is not None and ("n", 203) in stall["processes"]
