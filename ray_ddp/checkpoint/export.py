@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 import torch
 from ray_ddp.checkpoint.format import HF_CONFIG_FILE, META_FILE, MODEL_FILE, checkpoint_dir_name, started_from_of
 from ray_ddp.errors import CheckpointError
@@ -27,7 +27,7 @@ from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import read_model_state
 from ray_ddp.checkpoint import hf_export
 from ray_ddp.models.lora import apply_lora
-from ray_ddp.storage import local_copy, read_json, resolve_storage
+from ray_ddp.storage import StorageConfig, local_copy, read_json, resolve_storage
 
 
 @dataclass
@@ -66,6 +66,34 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     ``<run>-step-<N>.pt`` in the current folder); with ``format="hf"`` a new or empty
     folder that ``from_pretrained`` loads (``out`` required): of a ``--lora`` run its
     adapters, or with ``merge`` the whole model with the adapters merged into the base."""
+    _check_export_options(format, out, merge)
+    store = resolve_storage(storage)
+    run_path = store.run_path(run)
+    dir_name, meta = _pick_checkpoint(store, run_path, run, storage, step)
+    files = meta["files"]
+    what = f"checkpoint {dir_name} of run {run}"
+    config = meta.get("config") or {}
+    if format == "hf":  # every refusal before a weight is read or anything is written
+        check_lora_export(config, started_from_of(meta), merge, what)
+        target, transformers = _prepare_hf_folder(run, files, out)
+    else:
+        target = _torch_target(run, dir_name, out)
+    sharded = MODEL_FILE not in files
+    if sharded and DCP_METADATA not in files:
+        raise ConfigError(f"{what} holds no model (neither {MODEL_FILE} nor shards)")
+    state, fields = _read_model(store, f"{run_path}/{dir_name}", files, sharded, format, what)
+    summary = ExportSummary(run=run, checkpoint=dir_name, out=target, tensors=len(state),
+                            parameters=sum(t.numel() for t in state.values()), sharded=sharded,
+                            format=format)
+    if format == "hf":
+        _save_hf_model(summary, transformers, fields, state, config, merge, what)
+    else:
+        _save_state_dict(state, target)
+    return summary
+
+
+def _check_export_options(format: str, out: Optional[str], merge: bool) -> None:
+    """Refuse a --format, --out and --merge that do not go together."""
     if format not in FORMATS:
         raise ConfigError(f"--format {format}: choose one of {', '.join(FORMATS)}")
     if format == "hf" and not out:
@@ -73,8 +101,12 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     if merge and format != "hf":
         raise ConfigError("--merge writes a --lora run's Hugging Face model with its adapters merged in: "
                           "pass it with --format hf (--format torch writes base and adapters as the run holds them)")
-    store = resolve_storage(storage)
-    run_path = store.run_path(run)
+
+
+def _pick_checkpoint(store: StorageConfig, run_path: str, run: str, storage: str,
+                     step: Optional[int]) -> tuple[str, dict]:
+    """The step folder to export and its header: the newest whole one, or ``step``'s,
+    verified (its CRCs too); a run or step with none is the user's mistake, in one line."""
     scan = find_latest_checkpoint(store.fs, run_path, verify_crc=step is None)
     if scan.newest is None:
         raise ConfigError(f"run {run} has no checkpoint under {store.uri}; `ray-ddp runs --storage "
@@ -83,56 +115,70 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
         if scan.latest is None:
             broken = "; ".join(f"{name}: {problem}" for name, problem in scan.broken)
             raise ConfigError(f"run {run} has no whole checkpoint ({broken})")
-        dir_name, meta = scan.latest, scan.meta
-    else:
-        dir_name = checkpoint_dir_name(step)
-        meta = read_json(store.fs, f"{run_path}/{dir_name}/{META_FILE}")
-        if meta is None:
-            raise ConfigError(f"run {run} has no checkpoint at step {step}; its newest is "
-                              f"{scan.newest} (pass --step with one of its step-* numbers)")
-        problem = checkpoint_file_problem(store.fs, f"{run_path}/{dir_name}", meta, verify_crc=True)
-        if problem is not None:
-            raise ConfigError(f"checkpoint {dir_name} of run {run} is unusable: {problem}")
-    files = meta["files"]
-    what = f"checkpoint {dir_name} of run {run}"
-    config = meta.get("config") or {}
-    if format == "hf":
-        check_lora_export(config, started_from_of(meta), merge, what)
-        if HF_CONFIG_FILE not in files:  # before the folder or the package: this is the mistake
-            raise ConfigError(f"run {run}'s model is not a Hugging Face model (its checkpoint has no "
-                              f"{HF_CONFIG_FILE}); use --format torch")
-        target = hf_export.check_out_folder(out)
-        transformers = hf_export.import_transformers()
-    else:
-        target = os.path.abspath(out or f"{run}-{dir_name}.pt")
-        if not os.path.isdir(os.path.dirname(target)):
-            raise ConfigError(f"--out {out}: folder {os.path.dirname(target)} does not exist")
-    sharded = MODEL_FILE not in files
-    if sharded and DCP_METADATA not in files:
-        raise ConfigError(f"{what} holds no model (neither {MODEL_FILE} nor shards)")
+        return scan.latest, scan.meta
+    dir_name = checkpoint_dir_name(step)
+    meta = read_json(store.fs, f"{run_path}/{dir_name}/{META_FILE}")
+    if meta is None:
+        raise ConfigError(f"run {run} has no checkpoint at step {step}; its newest is "
+                          f"{scan.newest} (pass --step with one of its step-* numbers)")
+    problem = checkpoint_file_problem(store.fs, f"{run_path}/{dir_name}", meta, verify_crc=True)
+    if problem is not None:
+        raise ConfigError(f"checkpoint {dir_name} of run {run} is unusable: {problem}")
+    return dir_name, meta
+
+
+def _prepare_hf_folder(run: str, files: list[str], out: Optional[str]) -> tuple[str, Any]:
+    """--format hf's folder, checked, and transformers imported: (the folder, the module)."""
+    if HF_CONFIG_FILE not in files:  # before the folder or the package: this is the mistake
+        raise ConfigError(f"run {run}'s model is not a Hugging Face model (its checkpoint has no "
+                          f"{HF_CONFIG_FILE}); use --format torch")
+    target = hf_export.check_out_folder(out)
+    return target, hf_export.import_transformers()
+
+
+def _torch_target(run: str, dir_name: str, out: Optional[str]) -> str:
+    """--format torch's file: ``out``, or ``<run>-step-<N>.pt`` here; its folder must exist."""
+    target = os.path.abspath(out or f"{run}-{dir_name}.pt")
+    if not os.path.isdir(os.path.dirname(target)):
+        raise ConfigError(f"--out {out}: folder {os.path.dirname(target)} does not exist")
+    return target
+
+
+def _read_model(store: StorageConfig, checkpoint: str, files: list[str], sharded: bool, format: str,
+                what: str) -> tuple[dict[str, torch.Tensor], Optional[dict]]:
+    """The checkpoint's whole model state (consolidated from FSDP shards, or model.pt) and,
+    for --format hf, the model's config.json fields (else None)."""
     names = list(files) if sharded else [MODEL_FILE] + ([HF_CONFIG_FILE] if format == "hf" else [])
-    with local_copy(store.fs, f"{run_path}/{dir_name}", names) as folder:
+    fields = None
+    with local_copy(store.fs, checkpoint, names) as folder:
         try:
             state = read_model_state(folder) if sharded else load_tensors(os.path.join(folder, MODEL_FILE))
         except CheckpointError as err:  # the user's to act on: the CLI's one line and exit 2
             raise ConfigError(f"{what}: {err}") from None
         if format == "hf":
             fields = hf_export.read_hf_config(os.path.join(folder, HF_CONFIG_FILE), what)
-    summary = ExportSummary(run=run, checkpoint=dir_name, out=target, tensors=len(state),
-                            parameters=sum(t.numel() for t in state.values()), sharded=sharded,
-                            format=format)
-    if format == "hf":
-        model = hf_export.build_hf_model(transformers, fields, what)
-        if config.get("lora"):  # --lora's adapters: written as PeftModel.from_pretrained loads them over the base
-            model = apply_lora(model, config["lora"], what)
-        hf_export.fill(model, state, what)
-        if merge:  # base + scale * B @ A in every adapted layer: a plain model of the base's class
-            hf_export.check_untied_adapters(model, what)
-            model, summary.merged = model.merge_and_unload(), True
-        written = hf_export.tensors_written(model)  # what the folder holds, not the checkpoint
-        summary.tensors, summary.parameters = len(written), sum(t.numel() for t in written)
-        summary.architecture, summary.files = type(model).__name__, hf_export.save_hf(model, target)
-        return summary
+    return state, fields
+
+
+def _save_hf_model(summary: ExportSummary, transformers: Any, fields: dict, state: dict[str, torch.Tensor],
+                   config: dict, merge: bool, what: str) -> None:
+    """Build the Hugging Face model (with a --lora run's adapters), fill it with ``state``,
+    merge the adapters if asked, and save it to ``summary.out``; ``summary`` then counts
+    what the folder holds."""
+    model = hf_export.build_hf_model(transformers, fields, what)
+    if config.get("lora"):  # --lora's adapters: written as PeftModel.from_pretrained loads them over the base
+        model = apply_lora(model, config["lora"], what)
+    hf_export.fill(model, state, what)
+    if merge:  # base + scale * B @ A in every adapted layer: a plain model of the base's class
+        hf_export.check_untied_adapters(model, what)
+        model, summary.merged = model.merge_and_unload(), True
+    written = hf_export.tensors_written(model)  # what the folder holds, not the checkpoint
+    summary.tensors, summary.parameters = len(written), sum(t.numel() for t in written)
+    summary.architecture, summary.files = type(model).__name__, hf_export.save_hf(model, summary.out)
+
+
+def _save_state_dict(state: dict[str, torch.Tensor], target: str) -> None:
+    """``torch.save`` the state to ``target`` whole or not at all: written beside, then renamed."""
     partial = f"{target}.partial-{os.getpid()}"
     try:
         torch.save(state, partial)
@@ -140,7 +186,6 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     finally:
         if os.path.exists(partial):
             os.remove(partial)
-    return summary
 
 
 def check_lora_export(config: dict, started_from: Optional[str], merge: bool, what: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Optional
+from typing import Any, Callable, Optional
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import Event, where_restarted
 from ray_ddp.driver.status import read_events
@@ -52,12 +52,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     import matplotlib.pyplot as plt
 
     store = resolve_storage(storage)
-    run_path = store.run_path(name)
-    table = read_metrics(store.fs, RunFolder(run_path))
-    if table is None or table.num_rows == 0:
-        raise ConfigError(f"run {name} has no {METRICS_FILE} under {store.uri}; "
-                          "check the run name and --storage (ray-ddp runs lists them)")
-    rows = table.to_pylist()
+    rows = _read_rows(store, name)
     steps = sorted({r["step"] for r in rows})
     ranks = sorted({r["rank"] for r in rows})
     by_rank = {k: sorted((r for r in rows if r["rank"] == k), key=lambda r: r["step"]) for k in ranks}
@@ -66,6 +61,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     files = []  # as URIs the user can open (observe/report.py's caller prints them)
 
     def save(fig, filename):
+        """Write ``fig`` as the PNG ``filename`` beside the report, and close it."""
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=100)
         plt.close(fig)
@@ -74,6 +70,28 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
             f.write(buf.getvalue())
         files.append(out_uri(filename))
 
+    means, events = _plot_loss(plt, save, store, name, rows, steps)
+    _plot_per_rank(plt, save, name, ranks, by_rank)
+    summary = _summarize(name, steps, by_rank, means, files, events)
+    with out_fs.open_output_stream(f"{out_path}/report.txt") as f:
+        f.write((summary.text() + "\n").encode())
+    files.append(out_uri("report.txt"))
+    return summary
+
+
+def _read_rows(store: StorageConfig, name: str) -> list[dict]:
+    """The run's metrics rows; a run with none is the user's mistake, in one line."""
+    table = read_metrics(store.fs, RunFolder(store.run_path(name)))
+    if table is None or table.num_rows == 0:
+        raise ConfigError(f"run {name} has no {METRICS_FILE} under {store.uri}; "
+                          "check the run name and --storage (ray-ddp runs lists them)")
+    return table.to_pylist()
+
+
+def _plot_loss(plt: Any, save: Callable[[Any, str], None], store: StorageConfig, name: str,
+               rows: list[dict], steps: list[int]) -> tuple[list[Optional[float]], list[Event]]:
+    """loss.png: the mean over ranks with its min-max band, validation beside it, and the
+    run's events marked; returns the mean loss at each step and the events."""
     at_step = [[r for r in rows if r["step"] == s] for s in steps]
     # a rank with no rows in a window has a NaN loss: it takes no part in the band either
     losses = [[r["loss"] for r in v if r["loss"] == r["loss"]] or [float("nan")] for v in at_step]
@@ -82,7 +100,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     ax.plot(steps, [float("nan") if m is None else m for m in means], label="mean over ranks")
     ax.fill_between(steps, [min(v) for v in losses], [max(v) for v in losses], alpha=0.3,
                     label="min-max over ranks")
-    evals = read_table(store.fs, RunFolder(run_path).evals)
+    evals = read_table(store.fs, RunFolder(store.run_path(name)).evals)
     if evals is not None and evals.num_rows:  # validation beside training
         ax.plot(evals.column("step").to_pylist(), evals.column("loss").to_pylist(), "o-",
                 label="validation")
@@ -96,6 +114,12 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
         labelled.add(event.type)
     ax.legend()
     save(fig, "loss.png")
+    return means, events
+
+
+def _plot_per_rank(plt: Any, save: Callable[[Any, str], None], name: str, ranks: list[int],
+                   by_rank: dict[int, list[dict]]) -> None:
+    """samples_per_s.png, step_time.png and busy_time.png: one line per rank."""
     for column, ylabel, filename in (
             ("samples_per_s", "samples/s", "samples_per_s.png"),
             ("step_time_s", "seconds per report (wall)", "step_time.png"),
@@ -107,19 +131,20 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
         ax.legend()
         save(fig, filename)
 
+
+def _summarize(name: str, steps: list[int], by_rank: dict[int, list[dict]], means: list[Optional[float]],
+               files: list[str], events: list[Event]) -> ReportSummary:
+    """The report's figures: the final mean loss, and the slowest rank by its own work."""
+    ranks = list(by_rank)
     # DDP makes every rank wait for the slowest in the all-reduce, so wall time per step is
     # the same everywhere; a rank's own work time (busy_s) is what tells the slow one.
     mean_time = {k: sum(r["busy_s"] for r in by_rank[k]) / len(by_rank[k]) for k in ranks}
     slowest = max(ranks, key=lambda k: mean_time[k])
-    summary = ReportSummary(
+    return ReportSummary(
         run=name, ranks=len(ranks), steps=steps[-1], final_loss=float("nan") if means[-1] is None else means[-1],
         slowest_rank=slowest, slowest_step_time_s=mean_time[slowest],
         median_step_time_s=median(mean_time.values()), files=files, events=events,
     )
-    with out_fs.open_output_stream(f"{out_path}/report.txt") as f:
-        f.write((summary.text() + "\n").encode())
-    files.append(out_uri("report.txt"))
-    return summary
 
 
 def _events_of(store: StorageConfig, name: str) -> list[Event]:

@@ -3,18 +3,26 @@ not even through a function-level import, and a comment says why each function-l
 import of ray_ddp is not at the top; the code that runs on workers (``worker/``,
 ``parallel/``) never reaches into the driver or the CLI; the driver, the cluster code
 and the CLI never import torch.distributed; models never import parallel/ (a model
-declares its FSDP units, as torchtitan's do); and no module is longer than a newcomer
-reads in one sitting."""
+declares its FSDP units, as torchtitan's do); no module is longer than a newcomer
+reads in one sitting, and no function longer than one reads at a glance."""
 
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ray_ddp"
 MAX_LINES = 350
+MAX_FUNCTION_LINES = 60
+# The functions still longer than MAX_FUNCTION_LINES, each with its length when listed and
+# what will shorten it. The list only shrinks: a function not on it fails the test once it
+# grows past the limit, and a listed one that fits (or is gone) must leave the list.
+LONG_FUNCTIONS = {
+    "driver/fit.py:fit_with_status": "77 lines: a supervisor object, issue 57 item 5",
+}
 # subpackage -> what its modules may never import (function-level imports included)
 FORBIDDEN = {
     "worker": ("ray_ddp.driver", "ray_ddp.cli"),
@@ -189,6 +197,45 @@ def test_worker_code_never_imports_the_driver_and_the_driver_never_torch_distrib
 def test_no_module_is_longer_than_350_lines():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def function_lengths(source: str, where: str) -> dict[str, int]:
+    """Every function of a module, methods and nested functions included, as
+    ``where:Outer.name`` -> its lines, from its ``def`` to its last line (a nested
+    function counts in its outer one's lines too)."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}{child.name}"
+                lengths[f"{where}:{name}"] = child.end_lineno - child.lineno + 1
+                visit(child, name + ".")
+            else:
+                visit(child, f"{prefix}{child.name}." if isinstance(child, ast.ClassDef) else prefix)
+
+    visit(ast.parse(source), "")
+    return lengths
+
+
+def test_no_function_is_longer_than_60_lines_but_the_listed_ones():
+    """A function a reader takes in at a glance: one over MAX_FUNCTION_LINES is split
+    into small verbs, unless LONG_FUNCTIONS names it (and then it must still be long)."""
+    lengths = {key: n for path in sorted(PACKAGE.rglob("*.py"))
+               for key, n in function_lengths(path.read_text(), path.relative_to(PACKAGE).as_posix()).items()}
+    too_long = {key: n for key, n in lengths.items() if n > MAX_FUNCTION_LINES and key not in LONG_FUNCTIONS}
+    assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines (split them into small verbs): {too_long}"
+    stale = {key: lengths.get(key, "gone") for key in LONG_FUNCTIONS
+             if lengths.get(key, 0) <= MAX_FUNCTION_LINES}
+    assert not stale, f"listed in LONG_FUNCTIONS but no longer over {MAX_FUNCTION_LINES} lines: drop them: {stale}"
+
+
+def test_a_long_function_is_seen_wherever_it_sits():
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    source = f"def short():\n    pass\n\nclass C:\n    def method(self):\n{textwrap.indent(body, '    ')}" \
+             f"\n\ndef outer():\n    def inner():\n{textwrap.indent(body, '    ')}    return inner\n"
+    lengths = function_lengths(source, "m.py")
+    assert lengths == {"m.py:short": 2, "m.py:C.method": 61, "m.py:outer": 63, "m.py:outer.inner": 61}
 
 
 def test_every_module_opens_with_a_docstring():
