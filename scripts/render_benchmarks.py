@@ -167,6 +167,14 @@ BENCHES: dict[str, Bench] = {
         Table(title="Notice to checkpoint", when="notice", columns=[
             ("watcher poll s", "notice.poll_s", "n1"), ("median s", "notice.median_s", "n1"),
             ("each round s", "notice.each_s", "n1list")])]),
+    "recovery": Bench("python benchmarks/recovery.py --rounds 3", [Table(rows="arms", columns=[
+        ("setup", "setup", "str"), ("arm", "arm", "str"), ("steps redone", "steps_redone", "n1"),
+        ("resumed from step", "resumed_from_step", "n1"), ("kill to first step s", "restart_s", "n1"),
+        ("checkpoint MB read back", "mb_read", "n1"), ("all MB read", "all_mb_read", "n1"),
+        ("paired steps redone x ray-train", "paired_steps_ratio", "r3"),
+        ("paired s x ray-train", "paired_restart_ratio", "r3"),
+        ("paired s per round", "paired_restart_ratio_all", "r3list"),
+        ("paired MB x ray-train", "paired_mb_ratio", "r3")])]),
     "ray_idle_cpu": Bench("python benchmarks/ray_idle_cpu.py", [Table(columns=[
         ("Ray settings", "settings", "strlist"), ("total CPU-s", "total_cpu_s", "n2"),
         ("window s", "window_s", "str"), ("processes", "processes", "str")])]),

@@ -287,6 +287,16 @@ def fake_preemption(mod, monkeypatch):
     return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
 
 
+def fake_recovery(mod, monkeypatch):
+    monkeypatch.setattr(mod, "start_ray", lambda: lambda: None)
+    monkeypatch.setattr(mod, "run_arm", lambda arm, job: {
+        "arm": arm, "steps_at_kill": 44, "resumed_from_step": 30 if arm == "ray-train" else 40,
+        "steps_redone": 14 if arm == "ray-train" else 4, "restart_s": 8.0 if arm == "ray-train" else 7.0,
+        "mb_read": 17.0 if arm == "ray-train" else 34.0, "all_mb_read": 17.5 if arm == "ray-train" else 34.5,
+        "files_read": {"x/checkpoint.pt": 2}, "wall_s": 60.0})
+    return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
+
+
 def fake_ray_idle_cpu(mod, monkeypatch):
     monkeypatch.setattr(mod, "measure", lambda: ([(9, "raylet ", "main")], 30, 10))
     return lambda out: mod.main(["--results-dir", out]), 1
@@ -328,6 +338,35 @@ def test_a_benchmark_writes_its_result(bench, tmp_path, monkeypatch, capsys):
     assert "result written to" in printed.err
     rendered = section(render_into(tmp_path, out, render.BENCHES[bench].page), bench)
     assert "No result recorded yet" not in rendered and rendered.count("\n| ") >= 1
+
+
+def test_recovery_rounds_below_one_is_one_line_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    mod = load(BENCHMARKS / "recovery.py", "bench_recovery")
+    monkeypatch.setattr(mod, "start_ray", lambda: pytest.fail("Ray started"))
+    with pytest.raises(SystemExit) as stopped:
+        mod.main(["--rounds", "0", "--results-dir", str(tmp_path / "results")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["--rounds 0: give 1 or more"]
+    assert not (tmp_path / "results").exists()
+
+
+def test_recovery_figures_from_its_logs(tmp_path):
+    """Steps redone and seconds to the first step come from rank 0's per-process step
+    logs and the kill marker; the bytes from checkpoint files read in that window only."""
+    mod = load(BENCHMARKS / "recovery.py", "bench_recovery")
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / "killed").write_text("100.0\n")
+    (control / "steps-1.log").write_text("".join(f"{50 + i}\n" for i in range(44)))  # the first life
+    (control / "steps-2.log").write_text("".join(f"{107 + i}\n" for i in range(20)))  # resumed at 40
+    reads = types.SimpleNamespace(reads=[(99.0, "r/step-00000035/model.pt", 5), (103.0, "r/step-00000040/model.pt", 7),
+                                         (104.0, "r/progress.json", 1), (108.0, "r/step-00000040/model.pt", 9)])
+    reads.between = lambda start, end: [(p, n) for t, p, n in reads.reads if start <= t <= end]
+    got = mod.figures({"epochs": 2, "steps_per_epoch": 30}, str(control), reads)
+    assert (got["steps_at_kill"], got["resumed_from_step"], got["steps_redone"]) == (44, 40, 4)
+    assert got["restart_s"] == 7.0
+    assert (got["mb_read"], got["all_mb_read"]) == (7e-6, 8e-6)
+    assert got["files_read"] == {"r/step-00000040/model.pt": 1, "r/progress.json": 1}
 
 
 def test_no_save_writes_nothing(tmp_path, monkeypatch):
