@@ -34,6 +34,10 @@ class TrainState:
     epoch_step: int = 0
     # one entry per rank: {"torch": ByteTensor, "cuda": [ByteTensor per own GPU]}
     rng: list[dict[str, Any]] = field(default_factory=list)
+    # where a resumed run's state came from (never saved): the folder's name, and the node
+    # whose in-memory snapshot it was (None: run storage)
+    loaded_from: Optional[str] = None
+    loaded_from_node: Optional[str] = None
 
 
 def capture_rng(devices: Sequence[torch.device] = ()) -> dict[str, Any]:

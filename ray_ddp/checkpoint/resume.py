@@ -14,7 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ray_ddp.checkpoint.format import TrainState
+from ray_ddp.checkpoint.names import checkpoint_dir_name
 from ray_ddp.checkpoint.sharded import is_sharded_checkpoint
+from ray_ddp.checkpoint.snapshots import newest_snapshot, node_folder
 from ray_ddp.checkpoint.verify import verify_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import CheckpointError, StorageError
@@ -23,16 +25,26 @@ from ray_ddp.storage import local_copy, resolve_storage
 
 def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newest_at_start: Optional[str],
                               latest: Optional[Any], strategy, model: nn.Module,
-                              optimizer: torch.optim.Optimizer, stateful: dict) -> TrainState:
+                              optimizer: torch.optim.Optimizer, stateful: dict,
+                              node_id: Optional[str] = None) -> TrainState:
     """Load into the model, through the strategy that wrote it (bare under DDP, sharded in
     place under FSDP), the checkpoint the driver checked and announced (``resume_from``),
     or, after a restart within this run, the newer one Ray hands back (``latest``, a
     ``ray.train.Checkpoint``, used when newer than any that existed when the run began);
     a fresh TrainState if neither.
     Every file is checked against its meta.json (size and CRC-32) before it is loaded, and
-    every rank loads the same one: the newest that every rank could read."""
+    every rank loads the same one: the newest that every rank could read. Newest of all,
+    where it is newer than those: the in-memory snapshot on this node (--snapshot-every-steps),
+    used when every rank's node holds it (``node_id``: this rank's node, named in the
+    state's ``loaded_from_node``)."""
     store = resolve_storage(cfg.storage)
     candidates = []  # (its folder's path, what opens it on this machine)
+    stored_steps = [checkpoint_step(_dir_name(latest.path))] if latest is not None else []
+    stored_steps.append(checkpoint_step(resume_from or ""))
+    state = _load_snapshot(cfg, max(stored_steps), strategy, model, optimizer, stateful)
+    if state is not None:
+        state.loaded_from_node = node_id
+        return state
     if latest is not None and _dir_name(latest.path) > (newest_at_start or ""):
         # written by this run before a worker died; Ray's Checkpoint: on remote storage,
         # one download per node, shared by its ranks
@@ -54,11 +66,36 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
             # every rank takes the same one: a rank that cannot read it (a transient remote
             # read) makes them all go on to the next, never a mix of steps across the ranks
             if usable_on_every_rank(problem is None):
-                return strategy.load_checkpoint(directory, model, optimizer, stateful)
+                state = strategy.load_checkpoint(directory, model, optimizer, stateful)
+                state.loaded_from = _dir_name(path)
+                return state
         problems.append(f"{_dir_name(path)}: {problem or 'another rank could not read it'}")
     if problems:
         raise CheckpointError("no usable checkpoint to resume from: " + "; ".join(problems))
     return TrainState()
+
+
+def _load_snapshot(cfg: TrainConfig, stored_step: int, strategy, model: nn.Module,
+                   optimizer: torch.optim.Optimizer, stateful: dict) -> Optional[TrainState]:
+    """The newest snapshot of the run, loaded, where it is newer than ``stored_step`` (the
+    newest checkpoint in storage a rank could resume from) and every rank's node holds
+    it; else None. Every rank takes the same decision (two all-reduces)."""
+    if not dist.is_initialized() or strategy.checkpoint_format != "whole":
+        return None
+    found = newest_snapshot(node_folder(cfg.storage, cfg.name), dist.get_world_size())
+    step = torch.tensor([float(found.step if found else 0)], device=_collective_device())
+    dist.all_reduce(step, op=dist.ReduceOp.MAX)
+    newest = int(step.item())
+    if newest <= stored_step:
+        return None
+    if not usable_on_every_rank(found is not None and found.step == newest):
+        if dist.get_rank() == 0:
+            print(f"the snapshot of step {newest} is not on every rank's node: resuming from run storage",
+                  flush=True)
+        return None
+    state = strategy.load_checkpoint(found.folder, model, optimizer, stateful)
+    state.loaded_from = checkpoint_dir_name(newest)
+    return state
 
 
 def _problem_of(directory: str, strategy) -> Optional[str]:
@@ -113,6 +150,12 @@ def _collective_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def checkpoint_step(name: str) -> int:
+    """step-00000800 -> 800; 0 for no name."""
+    digits = name.rsplit("-", 1)[-1]
+    return int(digits) if name.startswith("step-") and digits.isdigit() else 0
 
 
 def _dir_name(path: str) -> str:

@@ -27,7 +27,10 @@ class Event:
     any rank finished (as far as the run knows); ``rank`` and ``node``: where it
     happened (None for a resize, or when Ray did not say); ``cause``: one line;
     ``restarted``: a new worker group took over; ``from_checkpoint``: the checkpoint it
-    loaded (None: from scratch, or no restart); ``steps_lost``: steps it had to redo."""
+    loaded (None: from scratch, or no restart); ``steps_lost``: steps it had to redo;
+    ``from_node``: the node whose in-memory snapshot it loaded (None: run storage);
+    ``settled``: where the new group started is known (Ray Train's restarts are recorded
+    as they happen and settled by the new group's first report, which says it)."""
 
     type: str
     time: Optional[float]
@@ -38,6 +41,8 @@ class Event:
     from_checkpoint: Optional[str] = None
     steps_lost: int = 0
     restarted: bool = False
+    from_node: Optional[str] = None
+    settled: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -49,7 +54,8 @@ class Event:
         restarted = record.get("restarted", record.get("from_checkpoint") is not None)
         return cls(str(record.get("type") or "failure"), record.get("time"), record.get("step"),
                    record.get("rank"), record.get("node"), str(record.get("cause") or ""),
-                   record.get("from_checkpoint"), int(record.get("steps_lost") or 0), bool(restarted))
+                   record.get("from_checkpoint"), int(record.get("steps_lost") or 0), bool(restarted),
+                   record.get("from_node"), bool(record.get("settled", True)))
 
 
 def to_records(events: list[Event]) -> list[dict[str, Any]]:
@@ -84,7 +90,14 @@ def restart_event(failure: FailureSummary, step: int, checkpoint: Optional[str],
     cause = why if failure.rank < 0 else f"rank {failure.rank} {_what_happened(failure)}; {why}"
     return Event("preemption" if preemption else "failure", time.time(), step,
                  failure.rank if failure.rank >= 0 else None, failure.node if failure.rank >= 0 else None,
-                 cause, checkpoint, max(0, step - checkpoint_step(checkpoint)), True)
+                 cause, checkpoint, max(0, step - checkpoint_step(checkpoint)), True, settled=False)
+
+
+def settle_restart(event: Event, resumed_at: int, loaded_from: Optional[str], node: Optional[str]) -> Event:
+    """A restart, with where its new group really started (its first row says it): a
+    checkpoint, a node's in-memory snapshot newer than it, or scratch."""
+    return dataclasses.replace(event, from_checkpoint=loaded_from, from_node=node, settled=True,
+                               steps_lost=max(0, (event.step or 0) - resumed_at))
 
 
 def _what_happened(failure: FailureSummary) -> str:
@@ -157,4 +170,6 @@ def where_restarted(event: Event) -> str:
     """'restarted from step-00000800' / 'restarted from scratch', or '' (no restart)."""
     if not event.restarted:
         return ""
+    if event.from_node is not None and event.from_checkpoint:
+        return f"restarted from the snapshot of step {checkpoint_step(event.from_checkpoint)} on node {event.from_node[:8]}…"
     return f"restarted from {event.from_checkpoint or 'scratch'}"

@@ -25,6 +25,7 @@ from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import StorageConfig, check_writable, read_json, resolve_storage
 from ray_ddp.driver.events import from_records
 from ray_ddp.driver.fit import fit_with_status
+from ray_ddp.driver.snapshots import drop_snapshots
 from ray_ddp.driver.resolve import describe_global_batch, resolve
 from ray_ddp.plan import RunPlan
 from ray_ddp.driver.start import StartState, find_start
@@ -84,6 +85,9 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
             close_run_tracking(tracking, store, cfg, None, read_events(store, store.run_path(cfg.name)),
                                "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", echo)
             raise
+        finally:
+            if cfg.snapshot_every_steps:  # the command's end, however it ends: they are memory
+                drop_snapshots(cfg.storage, cfg.name)
         marks["fitted"] = time.time()  # the last step's report and checkpoint are done
     summary = write_summary(plan.run_config(), store, placement, start.resumed_from, started, marks,
                             start.scan.meta)

@@ -16,7 +16,7 @@ from ray_ddp.errors import StorageError
 from ray_ddp.storage import read_table, resolve_storage, write_json, write_table
 from ray_ddp.observe.metrics_table import MetricsAppender, read_metrics
 from ray_ddp.checkpoint.retention import prune_checkpoints
-from ray_ddp.driver.events import Event, restart_event, to_records
+from ray_ddp.driver.events import Event, restart_event, settle_restart, to_records
 from ray_ddp.driver.failures import FailureSummary
 from ray_ddp.observe.schema import EVAL_SCHEMA, eval_row, unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
@@ -183,15 +183,20 @@ class MetricsCallback(UserCallback):
         """Record an event when this report opens a new worker group within this fit (its
         ranks' first rows carry ``started_at``) and RestartRecorder did not record its
         restart as it happened (its hooks are Ray's DeveloperAPI: a fallback that holds
-        if they stop being called)."""
-        if self._last_step is None or not any(m.get("started_at") is not None for m in first_window):
+        if they stop being called). The restart is settled by this first report: rank 0's
+        row says where the group started (a checkpoint, a node's snapshot, or scratch), and
+        so how many steps it redoes; the driver says the restart's line then."""
+        if not any(m.get("started_at") is not None for m in first_window):
             return
-        if self._restart_recorded:
-            self._restart_recorded = False
-            return
-        name, at = self._last_checkpoint or (None, 0)
-        self._events.append(restart_event(FailureSummary(-1, "?", None, ""), self._last_step, name,
-                                          self.preempted_at(at)))
+        if self._last_step is not None and not self._restart_recorded:
+            name, at = self._last_checkpoint or (None, 0)
+            self._events.append(restart_event(FailureSummary(-1, "?", None, ""), self._last_step, name,
+                                              self.preempted_at(at)))
+        self._restart_recorded = False
+        first = min(first_window, key=lambda m: m.get("rank", 0))  # rank 0's: where the group started
+        if first.get("resumed_at") is not None and self._events and not self._events[-1].settled:
+            self._events[-1] = settle_restart(self._events[-1], int(first["resumed_at"]),
+                                              first.get("resumed_from"), first.get("resumed_from_node"))
 
     def _note_resize(self, first_window: list[dict[str, Any]]) -> None:
         """Record a resize when a new worker group runs at another world size than the

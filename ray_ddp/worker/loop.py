@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ray_ddp.checkpoint.format import restore_rng
 from ray_ddp.checkpoint.resume import check_ranks_resumed_alike
+from ray_ddp.checkpoint.snapshots import NodeSnapshots, node_folder
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.data.inputs import build_inputs
 from ray_ddp.config.callables import load_callable
@@ -40,7 +41,7 @@ from ray_ddp.worker.heartbeat import Heartbeat, group_id
 from ray_ddp.worker.parts import TrainParts, build_parts
 from ray_ddp.worker.preemption import PreemptionState, wait_for_restart
 from ray_ddp.worker.profile import ProfileState
-from ray_ddp.worker.report import Reporter
+from ray_ddp.worker.report import Reporter, gather_rng
 from ray_ddp.worker.step import train_step, unused_parameters_error
 from ray_ddp.worker.validate import Validator
 from ray_ddp.worker.window import WindowState, window_row
@@ -72,7 +73,7 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
         # follows the CPUs it asked for, but torch may have read it before)
         torch.set_num_threads(cfg.cpus_per_worker or 1)
         parts, state = build_parts(cfg, plan, build_strategy(cfg), devices, objects.get("model"),
-                                   session.latest_checkpoint())
+                                   session.latest_checkpoint(), session.node_id)
         loaded_hash = check_ranks_resumed_alike(state.step, lambda: weights_hash(parts.model))
         if len(state.rng) == world_size:
             restore_rng(state.rng[rank], devices)
@@ -88,7 +89,9 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
         heartbeat = Heartbeat(plan.hang_watch, rank, session.node_id, session.node_ip,
                               min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step, group)
         run = WorkerRun(plan, cut, session, parts, task, source, val_set, state,
-                        {"loaded_hash": loaded_hash, "started_at": started_at, "resumed_at": state.step}, heartbeat)
+                        {"loaded_hash": loaded_hash, "started_at": started_at, "resumed_at": state.step,
+                         "resumed_from": state.loaded_from, "resumed_from_node": state.loaded_from_node},
+                        heartbeat)
     try:
         run.train()
     except RuntimeError as err:
@@ -146,6 +149,7 @@ class WorkerRun:
         self.preemptions = PreemptionState()
         self.window = WindowState.start(device, parts.devices[-1])
         self.flops = (flops_per_token(parts.model), peak_flops(parts.devices))  # for mfu, once
+        self.snapshots = node_snapshots(cfg, parts.strategy, session)
 
     def train(self) -> None:
         cfg, state = self.cfg, self.state
@@ -168,6 +172,7 @@ class WorkerRun:
                     self._within_epoch(epoch, i)
                 if self.ended:
                     break
+                self._snapshot()
         with self.heartbeat.meant_wait():
             self.profile.finish()  # a range past the run's last step ends with it
 
@@ -196,6 +201,21 @@ class WorkerRun:
         save = should_save(self.cfg, 0, step) or last or self.validator.stopped
         if save or evaluated is not None or (i + 1) % self.cfg.report_every == 0:
             self._close_window(epoch, save=save, epoch_end=False, evaluated=evaluated)
+
+    def _snapshot(self) -> None:
+        """--snapshot-every-steps: the state after this step (its window closed, an epoch's
+        end counted) copied into the node's memory; every rank gives its RNG, one rank per
+        node writes."""
+        if self.snapshots is None or not self.snapshots.due(self.state.step):
+            return
+        with self.heartbeat.meant_wait():
+            self.state.rng = gather_rng(self.parts.devices, self.world_size)
+            if self.snapshots.writes:
+                self.snapshots.write(self.parts.model, self.parts.optimizer, self.parts.stateful(), self.state,
+                                     self.run_record, self.rank)
+                if self.snapshots.off_because is not None:
+                    print(self.snapshots.off_because, flush=True)
+                    self.snapshots.writes = False
 
     def _validate(self, epoch_done: int) -> dict:
         evaluated = self.validator.validate(epoch_done)
@@ -265,6 +285,21 @@ class WorkerRun:
                             device=self.reporter.collective_device)
         dist.all_reduce(flag)
         return not flag.item()
+
+
+def node_snapshots(cfg, strategy, session) -> Optional[NodeSnapshots]:
+    """--snapshot-every-steps' writer (``writes`` on the lowest rank of each node: DDP's
+    replicas are alike), None when they are off. FSDP's shards are not snapshotted: its
+    runs restart from their checkpoints in storage (said once, by rank 0)."""
+    if not cfg.snapshot_every_steps:
+        return None
+    if strategy.checkpoint_format != "whole":
+        if session.rank == 0:
+            print(f"--snapshot-every-steps: no in-memory snapshots under --strategy {strategy.name}; "
+                  "restarts resume from the checkpoints in storage", flush=True)
+        return None
+    return NodeSnapshots(node_folder(cfg.storage, cfg.name), cfg.snapshot_every_steps,
+                         writes=session.local_rank == 0)
 
 
 def should_save(cfg, epoch_done: int, step: int) -> bool:

@@ -53,7 +53,8 @@ class TrainParts:
 
 
 def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices: list[torch.device],
-                given_model: Any, latest_checkpoint: Any = None) -> tuple[TrainParts, TrainState]:
+                given_model: Any, latest_checkpoint: Any = None, node_id: Any = None
+                ) -> tuple[TrainParts, TrainState]:
     """The model on the strategy's devices, set up for the ranks, its optimizer, schedule
     and scaler, and the checkpoint loaded into them (``TrainState()`` for a new run).
     The same seed on every rank gives the same initial weights (DDP also broadcasts rank
@@ -79,7 +80,7 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     parts = TrainParts(model, wrapped, torch.compile(wrapped) if cfg.compile else wrapped,
                        optimizer, scheduler, scaler, devices, strategy)
     state = load_checkpoint_to_resume(cfg, plan.resume_from, plan.newest_at_start, latest_checkpoint, strategy,
-                                      model, optimizer, parts.stateful())
+                                      model, optimizer, parts.stateful(), node_id)
     return parts, state
 
 

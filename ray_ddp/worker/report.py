@@ -29,6 +29,13 @@ from ray_ddp.checkpoint.format import capture_rng, checkpoint_dir_name
 PREEMPTION_CHECK_S = 1.0
 
 
+def gather_rng(devices, world_size: int) -> list:
+    """Every rank's RNG state, in rank order (a collective: every rank calls it)."""
+    rng = [None] * world_size
+    dist.all_gather_object(rng, capture_rng(devices))
+    return rng
+
+
 class Agreed(NamedTuple):
     """What every rank decided together at a window's end (``Reporter.agree``)."""
 
@@ -90,9 +97,7 @@ class Reporter:
         strategy's writer's (DDP: rank 0 the whole state; FSDP: every rank its shards,
         and the last checkpoint, ``final``, also the whole model in model.pt)."""
         self.last_saved = time.perf_counter()  # --checkpoint-every-minutes counts from here
-        rng = [None] * self.world_size
-        dist.all_gather_object(rng, capture_rng(parts.devices))  # every rank's RNG goes into the file
-        state.rng = rng
+        state.rng = gather_rng(parts.devices, self.world_size)  # every rank's RNG goes into the file
         name = checkpoint_dir_name(state.step)
         if self.writer is None:  # a rank that writes nothing (DDP's ranks other than 0)
             self.session.report(self._payload(), checkpoint_name=name)

@@ -38,6 +38,7 @@ class RayTrainSession:
     def __init__(self) -> None:
         ctx = ray.train.get_context()
         self.rank, self.world_size, self.node_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_node_rank()
+        self.local_rank = ctx.get_local_rank()  # on its node: the lowest writes the node's snapshots
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         storage = ctx.get_storage()

@@ -282,3 +282,25 @@ def check_a_mix_of_resumed_steps(rank: int, world: int) -> str:
     except Exception as err:
         return str(err)
     return ""
+
+
+def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list) -> tuple:
+    """ray_ddp's choice between run storage (step 10's checkpoint) and this rank's node's
+    in-memory snapshots (``nodes[rank]``: its node's snapshot folder, RAY_DDP_SNAPSHOT_DIR):
+    the step each rank resumed at, the state's source and its node."""
+    import os
+
+    from ray_ddp.checkpoint.resume import check_ranks_resumed_alike, load_checkpoint_to_resume
+    from ray_ddp.checkpoint.verify import weights_hash
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.models.builtin import ToyModel
+    from ray_ddp.parallel.build import build_strategy
+
+    os.environ["RAY_DDP_SNAPSHOT_DIR"] = nodes[rank]
+    cfg = TrainConfig(storage=storage, name="r")
+    model = ToyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = load_checkpoint_to_resume(cfg, "step-00000010", "step-00000010", None, build_strategy(cfg),
+                                      model, optimizer, {}, node_id=f"node-{rank}")
+    check_ranks_resumed_alike(state.step, lambda: weights_hash(model))
+    return state.step, state.loaded_from, state.loaded_from_node

@@ -137,6 +137,7 @@ class GlooSession:
         store = resolve_storage(plan.run.config.storage)
         run_path = store.run_path(plan.run.config.name)
         self.rank, self.world_size, self.reports = rank, world_size, reports
+        self.local_rank = rank  # every rank of the harness is on one node
         self.fs, self.checkpoint_path = store.fs, lambda name: f"{run_path}/{name}"
 
     def gpus(self) -> list[torch.device]:

@@ -105,3 +105,31 @@ def test_a_run_ended_mid_epoch_by_max_steps_hashes_rank_0s_batchnorm_statistics_
     summary = train_in_gloo(small(storage, "cadence-batchnorm", model="user_models:batchnorm_net", max_steps=13,
                                   **RUN))
     assert summary.steps == 13 and len(set(final_hashes(rows_of(summary)).values())) == 1
+
+
+def test_a_worker_lost_mid_epoch_redoes_at_most_a_step_from_the_nodes_snapshot(ray_local, storage, tmp_path):
+    """On Ray: rank 1 SIGKILLed during step 7 of a 10-step epoch, with no checkpoint before
+    the epoch's end but a snapshot in the node's memory every step: the new group resumes
+    from the snapshot of step 6 (a step's worth of work lost, not 6), the event and the
+    line say so, the run ends with the weights of one never killed, and its end drops the
+    snapshots from the node."""
+    import functools
+    import os
+
+    from ray_ddp import run
+    from ray_ddp.checkpoint.snapshots import node_folder
+    from user_models import dies_on_rank_one
+
+    cfg = small(storage, "snapshot-killed", epochs=1, snapshot_every_steps=1, max_failures=1, quiet=False,
+                hang_timeout=60)
+    lines: list[str] = []
+    summary = run(cfg, lines.append, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 7))
+    [event] = summary.events
+    assert (event["type"], event["rank"], event["restarted"]) == ("failure", 1, True), event
+    assert event["from_checkpoint"] == "step-00000006" and event["from_node"], (event, lines)
+    assert event["steps_lost"] <= 1, event
+    told = [line for line in lines if line.startswith("failure after step")]
+    assert len(told) == 1 and "restarted from the snapshot of step 6 on node" in told[0], lines
+    never_killed = train_in_gloo(small(storage, "snapshot-never-killed", epochs=1))
+    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(never_killed))
+    assert not os.path.exists(node_folder(cfg.storage, cfg.name))

@@ -9,7 +9,8 @@ from ray_ddp.driver.events import (Event, count_restarts, failure_event, merge_e
 from ray_ddp.driver.failures import FailureSummary
 from ray_ddp.driver.progress import format_event
 
-FIELDS = {"type", "time", "step", "rank", "node", "cause", "from_checkpoint", "steps_lost", "restarted"}
+FIELDS = {"type", "time", "step", "rank", "node", "cause", "from_checkpoint", "steps_lost", "restarted",
+          "from_node", "settled"}
 
 
 def test_a_lost_worker_is_recorded_with_every_field():
@@ -18,7 +19,8 @@ def test_a_lost_worker_is_recorded_with_every_field():
     assert set(event) == FIELDS
     assert {k: event[k] for k in FIELDS - {"time"}} == {
         "type": "failure", "step": 37, "rank": 1, "node": "10.0.0.7", "cause": "its process 7 died",
-        "from_checkpoint": "step-00000020", "steps_lost": 17, "restarted": True}
+        "from_checkpoint": "step-00000020", "steps_lost": 17, "restarted": True, "from_node": None,
+        "settled": True}
     stopped = failure_event(lost, 37, False, "step-00000020", preemption=False)  # the run ended there
     assert (stopped.from_checkpoint, stopped.steps_lost, stopped.restarted) == (None, 0, False)
     assert where_restarted(stopped) == "" and count_restarts([stopped]) == 0
@@ -78,4 +80,4 @@ def test_an_event_survives_its_json_record_and_older_records_are_read():
     # a record from before "steps_lost" and "restarted": no steps counted, restarted if it names a checkpoint
     bare = Event.from_dict({"type": "failure", "time": 1.0, "step": 3, "rank": None, "node": None,
                             "cause": "lost", "from_checkpoint": None})
-    assert dataclasses.astuple(bare)[-2:] == (0, False)
+    assert dataclasses.astuple(bare)[-4:] == (0, False, None, True)

@@ -1,0 +1,160 @@
+"""In-memory snapshots of the training state on every node (--snapshot-every-steps): a
+checkpoint folder in today's format, written into the node's shared memory (``/dev/shm``)
+where it outlives the worker process, so a worker group restarted on the same node
+resumes from the last snapshot, not from the last checkpoint in run storage. Runs on
+workers; ``drop_node_snapshots`` also in a task the driver sends to every node.
+
+Each node keeps two slots and writes the older one, meta.json last (with every file's
+size and CRC-32, as a checkpoint's), having first removed the slot's meta.json: a
+snapshot cut short never stands for a whole one, and the other slot still holds the one
+before. Under DDP every replica holds the same state, so one rank per node writes (its
+lowest); the RNG of every rank is gathered into it, as into a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Optional
+
+import pyarrow.fs as pafs
+import torch
+from torch import nn
+
+from ray_ddp.checkpoint.format import TrainState, snapshot_checkpoint, write_checkpoint
+from ray_ddp.checkpoint.names import META_FILE
+from ray_ddp.checkpoint.verify import verify_checkpoint
+
+# The share of the node's memory both slots may take: past it the node keeps no snapshot
+# (the run goes on with checkpoints in storage), as training needs the host memory too.
+MEMORY_SHARE = 0.25
+SLOTS = ("slot-a", "slot-b")
+
+
+def snapshot_root() -> str:
+    """Where a node's snapshots live: RAY_DDP_SNAPSHOT_DIR, else shared memory (tmpfs),
+    else the temporary folder."""
+    given = os.environ.get("RAY_DDP_SNAPSHOT_DIR")
+    if given:
+        return given
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def run_key(storage: str, name: str) -> str:
+    """The folder of one run's snapshots on a node: its name, and a hash of where it is
+    stored (two runs of the same name in other storage never share snapshots)."""
+    digest = hashlib.sha256(f"{storage}\0{name}".encode()).hexdigest()[:12]
+    return f"ray_ddp-snapshots/{name.replace('/', '_')}-{digest}"
+
+
+def node_folder(storage: str, name: str) -> str:
+    return os.path.join(snapshot_root(), run_key(storage, name))
+
+
+@dataclass(frozen=True)
+class FoundSnapshot:
+    """A whole snapshot on this node: its folder and the step it holds."""
+
+    folder: str
+    step: int
+
+
+def newest_snapshot(folder: str, world_size: int) -> Optional[FoundSnapshot]:
+    """This node's newest whole snapshot taken at ``world_size`` ranks (every file checked
+    against its meta.json, CRC-32 included: it is memory, read in a moment); None if none.
+    A snapshot of another world size is not used: its position is another cut of the epoch."""
+    found = []
+    for slot in SLOTS:
+        path = os.path.join(folder, slot)
+        meta = _read_meta(path)
+        if meta is None or meta.get("world_size") != world_size or not isinstance(meta.get("step"), int):
+            continue
+        if verify_checkpoint(path) is None:
+            found.append(FoundSnapshot(path, int(meta["step"])))
+    return max(found, key=lambda f: f.step, default=None)
+
+
+def _read_meta(slot: str) -> Optional[dict]:
+    """A slot's meta.json; None when it is missing or torn."""
+    try:
+        with open(os.path.join(slot, META_FILE)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def drop_node_snapshots(storage: str, name: str) -> None:
+    """Remove this node's snapshots of the run (its end: they are memory)."""
+    shutil.rmtree(node_folder(storage, name), ignore_errors=True)
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """The bytes of the weights and the optimizer's state: what one snapshot holds."""
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t))
+    for per_param in optimizer.state.values():
+        total += sum(t.numel() * t.element_size() for t in per_param.values() if torch.is_tensor(t))
+    return total
+
+
+def node_memory_bytes() -> int:
+    """The node's memory (Linux: physical pages), 0 where it cannot be told."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+class NodeSnapshots:
+    """One node's snapshots, as a rank sees them: when they are due, and, on the rank that
+    ``writes`` them, the writing: the older slot each time, meta.json last."""
+
+    def __init__(self, folder: str, every: int, writes: bool = True):
+        self.folder, self.every = folder, every
+        self.writes = writes  # this rank writes the node's snapshots (the others give their RNG)
+        self.off_because: Optional[str] = None  # why this node keeps none (said once)
+        self._slot: Optional[int] = None  # the slot written next (0 or 1); None before the first
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def write(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict, state: TrainState,
+              run: dict, rank: int) -> None:
+        """Write the state after ``state.step`` into the older slot (the RNG of every rank
+        already in ``state.rng``)."""
+        if self._slot is None:  # this process's first: is there room, and which slot is older
+            self._check_room(model, optimizer)
+            self._slot = self._older_slot()
+        if self.off_because is not None:
+            return
+        slot = os.path.join(self.folder, SLOTS[self._slot])
+        try:
+            os.remove(os.path.join(slot, META_FILE))  # first: a cut-short write is never whole
+        except FileNotFoundError:
+            pass
+        snapshot = snapshot_checkpoint(model, optimizer, state, run, rank, stateful)
+        write_checkpoint(slot, snapshot, pafs.LocalFileSystem())
+        self._slot = 1 - self._slot
+
+    def _older_slot(self) -> int:
+        """The slot without a whole snapshot, else the one with the older step: a restarted
+        worker never overwrites the newest a dead one left."""
+        steps = [(_read_meta(os.path.join(self.folder, slot)) or {}).get("step", -1) for slot in SLOTS]
+        return 0 if steps[0] <= steps[1] else 1
+
+    def _check_room(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Off, with the reason, when two slots would take more than MEMORY_SHARE of the
+        node's memory or more than the free space where they go."""
+        need = 2 * state_bytes(model, optimizer)
+        os.makedirs(self.folder, exist_ok=True)
+        free = shutil.disk_usage(self.folder).free
+        allowed = min(MEMORY_SHARE * (node_memory_bytes() or need / MEMORY_SHARE), free)
+        if need > allowed:
+            self.off_because = (
+                f"in-memory snapshots are off on this node: two of them take {need / 2**30:.2f} GiB, "
+                f"over the {allowed / 2**30:.2f} GiB they may use ({MEMORY_SHARE:.0%} of the memory, or the "
+                f"free space in {snapshot_root()}); the run goes on with its checkpoints in storage")

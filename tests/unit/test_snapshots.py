@@ -1,0 +1,108 @@
+"""In-memory snapshots on a node (checkpoint/snapshots.py): two slots written in turn,
+meta.json last, so a snapshot cut short never stands for a whole one; the newest whole
+one of the run's world size is found; a node without room keeps none, in one line."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, TrainState
+from ray_ddp.checkpoint.snapshots import (SLOTS, NodeSnapshots, drop_node_snapshots, newest_snapshot,
+                                          node_folder, run_key)
+from ray_ddp.models.builtin import ToyModel
+
+
+def trained(step: int):
+    torch.manual_seed(step)
+    model = ToyModel()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 10)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def write(snapshots: NodeSnapshots, step: int, world: int = 2) -> None:
+    model, optimizer = trained(step)
+    snapshots.write(model, optimizer, {}, TrainState(step=step, rng=[{"torch": torch.get_rng_state()}] * world),
+                    {}, rank=0)
+
+
+def test_slots_are_written_in_turn_and_the_newest_whole_one_is_found(tmp_path):
+    snapshots = NodeSnapshots(str(tmp_path), every=2)
+    assert [s for s in range(1, 7) if snapshots.due(s)] == [2, 4, 6]
+    write(snapshots, 2)
+    write(snapshots, 4)
+    write(snapshots, 6)  # over step 2's slot
+    assert sorted(p.name for p in tmp_path.iterdir()) == list(SLOTS)
+    found = newest_snapshot(str(tmp_path), world_size=2)
+    assert found.step == 6
+    saved = torch.load(os.path.join(found.folder, MODEL_FILE), weights_only=True)
+    assert torch.equal(saved["net1.weight"], trained(6)[0].state_dict()["net1.weight"])
+    # another world size's snapshot is another cut of the epoch: not used
+    assert newest_snapshot(str(tmp_path), world_size=4) is None
+
+
+def test_a_snapshot_cut_short_leaves_the_one_before_it(tmp_path):
+    snapshots = NodeSnapshots(str(tmp_path), every=1)
+    write(snapshots, 1)
+    write(snapshots, 2)
+    newest = newest_snapshot(str(tmp_path), 2).folder
+    with open(os.path.join(newest, MODEL_FILE), "r+b") as f:  # torn after its meta.json was written
+        f.truncate(100)
+    assert newest_snapshot(str(tmp_path), 2).step == 1
+    os.remove(os.path.join(newest, META_FILE))  # or killed before meta.json
+    assert newest_snapshot(str(tmp_path), 2).step == 1
+    # a restarted writer writes the slot without a whole snapshot, never over step 1's
+    again = NodeSnapshots(str(tmp_path), every=1)
+    write(again, 3)
+    assert newest_snapshot(str(tmp_path), 2).step == 3
+    os.remove(os.path.join(newest_snapshot(str(tmp_path), 2).folder, META_FILE))
+    assert newest_snapshot(str(tmp_path), 2).step == 1
+
+
+def test_a_node_without_room_keeps_none_and_says_why(tmp_path, monkeypatch):
+    import ray_ddp.checkpoint.snapshots as snapshots_module
+
+    monkeypatch.setattr(snapshots_module, "node_memory_bytes", lambda: 1000)  # a node of 1 kB
+    snapshots = NodeSnapshots(str(tmp_path / "s"), every=1)
+    write(snapshots, 1)
+    assert snapshots.off_because.startswith("in-memory snapshots are off on this node: two of them take")
+    assert newest_snapshot(str(tmp_path / "s"), 2) is None
+
+
+def test_each_run_has_a_folder_of_its_own_and_its_end_drops_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_DDP_SNAPSHOT_DIR", str(tmp_path))
+    assert run_key("/a", "run") != run_key("s3://b", "run") != run_key("/a", "other")
+    folder = node_folder("/a", "run")
+    write(NodeSnapshots(folder, every=1), 1)
+    assert newest_snapshot(folder, 2).step == 1
+    drop_node_snapshots("/a", "run")
+    assert not os.path.exists(folder)
+
+
+@pytest.mark.parametrize("holders, expected", [
+    ((True, True), (15, "step-00000015", True)),  # every node holds it: newer than step 10's
+    ((True, False), (10, "step-00000010", False)),  # one node lost it: storage, on every rank
+])
+def test_every_rank_resumes_from_a_snapshot_only_where_every_node_holds_it(tmp_path, holders, expected):
+    from dist_matrix import resume_with_node_snapshots, run_on_ranks
+    from ray_ddp.checkpoint.format import save_checkpoint
+
+    model, optimizer = trained(10)
+    save_checkpoint(str(tmp_path / "r" / "step-00000010"), model, optimizer, TrainState(step=10, rng=[]), {},
+                    rank=0)
+    nodes = [str(tmp_path / f"node{r}") for r in range(2)]
+    for node, holds in zip(nodes, holders):
+        os.environ["RAY_DDP_SNAPSHOT_DIR"] = node
+        try:
+            if holds:
+                write(NodeSnapshots(node_folder(str(tmp_path), "r"), every=1), 15)
+        finally:
+            del os.environ["RAY_DDP_SNAPSHOT_DIR"]
+    got = run_on_ranks(2, resume_with_node_snapshots, str(tmp_path), nodes)
+    step, source, from_node = expected
+    assert [g[:2] for g in got] == [(step, source)] * 2
+    assert [g[2] for g in got] == ([f"node-{r}" for r in range(2)] if from_node else [None, None])
