@@ -6,9 +6,12 @@ and in paired rounds alternating which goes first:
              rank 0 saving model and optimizer with ray.train.report(checkpoint=...) at
              each epoch's end, FailureConfig(max_failures=1), and on (re)start the
              checkpoint of ray.train.get_checkpoint() loaded by every rank
-  ray-ddp    ray_ddp.run with checkpoint_every_steps=5 and max_failures=1 (what
-             `ray-ddp train --checkpoint-every-steps 5 --max-failures 1` runs; the Python
-             API, so that the killing model below reaches the workers)
+  ray-ddp    ray_ddp.run with checkpoint_every_steps=5, snapshot_every_steps=0 and
+             max_failures=1 (what `ray-ddp train --checkpoint-every-steps 5
+             --snapshot-every-steps 0 --max-failures 1` runs; the Python API, so that the
+             killing model below reaches the workers): checkpoints in run storage only
+  ray-ddp-snapshots  ray_ddp.run with in-memory snapshots every --snapshot-every steps (1)
+             and no step checkpoints: the restart loads the node's snapshot
 The job: an mlp (10 inputs, 2 hidden layers of 1024, 5 outputs), 2 CPU workers, 2 epochs
 of 30 steps of 32 rows per worker (ray-ddp's synthetic rows of seed 0, which the plain
 loop takes too), SGD (lr 0.05, momentum 0.9), the same initial weights; each training
@@ -32,9 +35,8 @@ optimizer-step hook that logs each finished step of rank 0 per process):
                    once: a lower bound. `all MB` is every file read in that window,
                    the checkpoints included.
 The figures are medians over the rounds, and each ray-ddp figure's paired ratio to
-ray-train's. What this measures is a checkpoint cadence by steps against one by epochs
-in run storage, nothing more: issue 58's in-memory snapshots and survivors' saves are
-not built.
+ray-train's. Snapshots live in the node's /dev/shm, outside run storage: the snapshot arm
+reads back no checkpoint from storage. Survivors' saves at a failure are not built.
 
     python benchmarks/recovery.py --rounds 3
 Linux only (inotify). The figures also go to benchmarks/results/recovery-<machine>-<date>.json
@@ -60,7 +62,7 @@ import time
 import torch
 from torch import nn
 
-ARMS = ("ray-train", "ray-ddp")
+ARMS = ("ray-train", "ray-ddp", "ray-ddp-snapshots")
 INPUT_DIM, OUTPUT_DIM, SEED, LR = 10, 5, 0, 0.05  # ray-ddp's synthetic task and defaults
 CHECKPOINT_DIR = re.compile(r"checkpoint_.*|step-\d+")  # Ray Train's and ray-ddp's folders
 
@@ -177,13 +179,15 @@ def run_plain(job: dict, storage: str) -> dict:
     return {}
 
 
-def run_ray_ddp(job: dict, storage: str) -> dict:
+def run_ray_ddp(job: dict, storage: str, snapshots: bool = False) -> dict:
     import functools
 
     from ray_ddp import TrainConfig, run
 
     cfg = TrainConfig(workers=2, epochs=job["epochs"], steps_per_epoch=job["steps_per_epoch"],
-                      batch_size=job["batch"], lr=LR, seed=SEED, checkpoint_every_steps=job["every"],
+                      batch_size=job["batch"], lr=LR, seed=SEED,
+                      checkpoint_every_steps=None if snapshots else job["every"],
+                      snapshot_every_steps=job["snapshot_every"] if snapshots else 0,
                       max_failures=1, storage=storage, name="ray-ddp", quiet=True)
     lines: list[str] = []
     summary = run(cfg, echo=lines.append, model=functools.partial(build_model, job))
@@ -275,7 +279,8 @@ def run_arm(arm: str, job: dict) -> dict:
     reads = StorageReads(storage)
     started = time.time()
     try:
-        extra = (run_plain if arm == "ray-train" else run_ray_ddp)(job, storage)
+        extra = run_plain(job, storage) if arm == "ray-train" else \
+            run_ray_ddp(job, storage, snapshots=arm == "ray-ddp-snapshots")
         wall = time.time() - started
         time.sleep(0.2)  # the watcher's last events
     finally:
@@ -372,6 +377,8 @@ def main(argv=None) -> None:
     parser.add_argument("--kill-at", type=int, default=45, help="the global step (from 1) rank 1 dies in")
     parser.add_argument("--step-s", type=float, default=0.3, help="seconds each training forward sleeps")
     parser.add_argument("--every", type=int, default=5, help="ray-ddp's --checkpoint-every-steps")
+    parser.add_argument("--snapshot-every", type=int, default=1,
+                        help="the snapshot arm's --snapshot-every-steps")
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -385,7 +392,7 @@ def main(argv=None) -> None:
     if not 1 < args.kill_at <= total:
         parser.exit(2, f"--kill-at {args.kill_at}: give a step from 2 to {total} (--epochs x --steps-per-epoch)\n")
     job = {"epochs": args.epochs, "steps_per_epoch": args.steps_per_epoch, "kill_at": args.kill_at,
-           "step_s": args.step_s, "every": args.every, "width": args.width, "batch": args.batch_size}
+           "step_s": args.step_s, "every": args.every, "snapshot_every": args.snapshot_every, "width": args.width, "batch": args.batch_size}
     stop_ray = start_ray()
     results = []
     try:
@@ -402,7 +409,8 @@ def main(argv=None) -> None:
     setup = (f"mlp {INPUT_DIM}-{args.width}x2-{OUTPUT_DIM}, 2 CPU workers, {args.epochs} epochs of "
              f"{args.steps_per_epoch} steps of {args.batch_size} rows, {args.step_s:g} s per step; rank 1 "
              f"SIGKILLed in step {args.kill_at}; ray-train: a checkpoint per epoch; ray-ddp: "
-             f"--checkpoint-every-steps {args.every}; one local Ray, {os.cpu_count()} CPUs")
+             f"--checkpoint-every-steps {args.every}; ray-ddp-snapshots: --snapshot-every-steps "
+             f"{args.snapshot_every}; one local Ray, {os.cpu_count()} CPUs")
     result = summarize(results, per_round, setup, args.rounds)
     print_table(result)
     save_result(args, "recovery", result, per_round)

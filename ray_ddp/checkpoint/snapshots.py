@@ -113,14 +113,15 @@ class NodeSnapshots:
     """One node's snapshots, as a rank sees them: when they are due, and, on the rank that
     ``writes`` them, the writing: the older slot each time, meta.json last."""
 
-    def __init__(self, folder: str, every: int, writes: bool = True):
-        self.folder, self.every = folder, every
+    def __init__(self, folder: str, every: Optional[int], writes: bool = True):
+        self.folder, self.every = folder, every  # None: when the window's end agrees (by cost)
         self.writes = writes  # this rank writes the node's snapshots (the others give their RNG)
         self.off_because: Optional[str] = None  # why this node keeps none (said once)
         self._slot: Optional[int] = None  # the slot written next (0 or 1); None before the first
 
-    def due(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0
+    def due(self, step: int, agreed: bool = False) -> bool:
+        """By steps (--snapshot-every-steps K), or where the ranks agreed at a window's end."""
+        return agreed if self.every is None else self.every > 0 and step % self.every == 0
 
     def write(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict, state: TrainState,
               run: dict, rank: int) -> None:

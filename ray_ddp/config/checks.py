@@ -60,7 +60,7 @@ def _check_counts(cfg: TrainConfig) -> None:
             _require_positive(name, getattr(cfg, name))
     if isinstance(cfg.workers, int):
         _require_positive("workers", cfg.workers)
-    if cfg.snapshot_every_steps < 0:
+    if (cfg.snapshot_every_steps or 0) < 0:
         raise ConfigError(f"--snapshot-every-steps must be 0 (off) or positive, got {cfg.snapshot_every_steps}")
 
 

@@ -86,7 +86,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
                                "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", echo)
             raise
         finally:
-            if cfg.snapshot_every_steps:  # the command's end, however it ends: they are memory
+            if cfg.snapshot_every_steps != 0:  # the command's end, however it ends: they are memory
                 drop_snapshots(cfg.storage, cfg.name)
         marks["fitted"] = time.time()  # the last step's report and checkpoint are done
     summary = write_summary(plan.run_config(), store, placement, start.resumed_from, started, marks,

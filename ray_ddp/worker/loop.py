@@ -150,6 +150,8 @@ class WorkerRun:
         self.window = WindowState.start(device, parts.devices[-1])
         self.flops = (flops_per_token(parts.model), peak_flops(parts.devices))  # for mfu, once
         self.snapshots = node_snapshots(cfg, parts.strategy, session)
+        self.snapshot_agreed = False  # the default cadence's: agreed at this step's window end
+        self.reporter.snapshots_by_cost = self.snapshots is not None and self.snapshots.every is None
 
     def train(self) -> None:
         cfg, state = self.cfg, self.state
@@ -206,8 +208,10 @@ class WorkerRun:
         """--snapshot-every-steps: the state after this step (its window closed, an epoch's
         end counted) copied into the node's memory; every rank gives its RNG, one rank per
         node writes."""
-        if self.snapshots is None or not self.snapshots.due(self.state.step):
+        agreed, self.snapshot_agreed = self.snapshot_agreed, False
+        if self.snapshots is None or not self.snapshots.due(self.state.step, agreed):
             return
+        started = time.perf_counter()
         with self.heartbeat.meant_wait():
             self.state.rng = gather_rng(self.parts.devices, self.world_size)
             if self.snapshots.writes:
@@ -216,6 +220,7 @@ class WorkerRun:
                 if self.snapshots.off_because is not None:
                     print(self.snapshots.off_because, flush=True)
                     self.snapshots.writes = False
+        self.reporter.note_snapshot(started)
 
     def _validate(self, epoch_done: int) -> dict:
         evaluated = self.validator.validate(epoch_done)
@@ -244,6 +249,7 @@ class WorkerRun:
             with self.heartbeat.meant_wait():
                 poisoned = not weights_are_finite(model)
         agreed = self.reporter.agree(bool(self.window.loss_bad.item()), poisoned)
+        self.snapshot_agreed = agreed.snapshot
         raise_if_not_finite(epoch, self.state.step, agreed.bad_loss, agreed.bad_weights)
         # the same on every rank
         notice = self.preemptions.new_notice(self.session) if agreed.check_preemption else None
@@ -291,10 +297,10 @@ def node_snapshots(cfg, strategy, session) -> Optional[NodeSnapshots]:
     """--snapshot-every-steps' writer (``writes`` on the lowest rank of each node: DDP's
     replicas are alike), None when they are off. FSDP's shards are not snapshotted: its
     runs restart from their checkpoints in storage (said once, by rank 0)."""
-    if not cfg.snapshot_every_steps:
+    if cfg.snapshot_every_steps == 0:
         return None
     if strategy.checkpoint_format != "whole":
-        if session.rank == 0:
+        if session.rank == 0 and cfg.snapshot_every_steps is not None:  # asked for: said
             print(f"--snapshot-every-steps: no in-memory snapshots under --strategy {strategy.name}; "
                   "restarts resume from the checkpoints in storage", flush=True)
         return None

@@ -28,6 +28,11 @@ from ray_ddp.checkpoint.format import capture_rng, checkpoint_dir_name
 # (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S); asking every second adds at most a second to that.
 PREEMPTION_CHECK_S = 1.0
 
+# The share of the training time the default cadence of in-memory snapshots may take: one
+# is due at a window's end once this long has passed since the last, on rank 0's clock
+# (its own snapshot's seconds / SNAPSHOT_SHARE). Issue 58 asks for at most 3 %.
+SNAPSHOT_SHARE = 0.02
+
 
 def gather_rng(devices, world_size: int) -> list:
     """Every rank's RNG state, in rank order (a collective: every rank calls it)."""
@@ -42,6 +47,7 @@ class Agreed(NamedTuple):
     send: bool  # the rows not yet sent go to Ray now
     check_preemption: bool  # ask Ray whether a node is being preempted
     save: bool  # --checkpoint-every-minutes has passed since the last checkpoint
+    snapshot: bool  # an in-memory snapshot is due (the default cadence: by its cost)
     bad_loss: list[int]  # the ranks that saw a non-finite loss
     bad_weights: list[int]  # ... and non-finite weights (before a checkpoint)
 
@@ -59,6 +65,14 @@ class Reporter:
         self.unsent: list[dict[str, Any]] = []
         self.last_sent = self.last_preemption_check = self.last_saved = time.perf_counter()
         self.writer = writer  # the strategy's (None on a rank that writes nothing)
+        self.snapshots_by_cost = False  # the default cadence of snapshots (the loop sets it)
+        self.snapshot_s, self.last_snapshot = 0.0, time.perf_counter()  # the first is due at once
+
+    def note_snapshot(self, started: float) -> None:
+        """A snapshot that began at ``started`` (perf_counter) just ended: its cost sets
+        when the next is due."""
+        self.last_snapshot = time.perf_counter()
+        self.snapshot_s = self.last_snapshot - started
 
     def agree(self, loss_bad: bool, weights_bad: bool) -> Agreed:
         """One all-reduce: whether a send is due (rank 0's clock: ``report_interval`` has
@@ -71,18 +85,20 @@ class Reporter:
             self.writer is None or self.writer.idle())
         check = self.rank == 0 and now - self.last_preemption_check >= PREEMPTION_CHECK_S
         save = self.rank == 0 and self.save_every_s is not None and now - self.last_saved >= self.save_every_s
-        flags = torch.zeros(3 + 2 * self.world_size, device=self.collective_device)
-        flags[0], flags[1], flags[2] = float(due), float(check), float(save)
-        flags[3 + self.rank] = float(loss_bad)
-        flags[3 + self.world_size + self.rank] = float(weights_bad)
+        snapshot = self.rank == 0 and self.snapshots_by_cost and \
+            now - self.last_snapshot >= self.snapshot_s / SNAPSHOT_SHARE
+        flags = torch.zeros(4 + 2 * self.world_size, device=self.collective_device)
+        flags[0], flags[1], flags[2], flags[3] = float(due), float(check), float(save), float(snapshot)
+        flags[4 + self.rank] = float(loss_bad)
+        flags[4 + self.world_size + self.rank] = float(weights_bad)
         dist.all_reduce(flags)
         values = flags.tolist()
-        bad_loss = [r for r in range(self.world_size) if values[3 + r]]
-        bad_weights = [r for r in range(self.world_size) if values[3 + self.world_size + r]]
+        bad_loss = [r for r in range(self.world_size) if values[4 + r]]
+        bad_weights = [r for r in range(self.world_size) if values[4 + self.world_size + r]]
         if values[1] > 0:
             self.last_preemption_check = now
-        return Agreed(values[0] > 0 or self.report_interval <= 0, values[1] > 0, values[2] > 0, bad_loss,
-                      bad_weights)
+        return Agreed(values[0] > 0 or self.report_interval <= 0, values[1] > 0, values[2] > 0, values[3] > 0,
+                      bad_loss, bad_weights)
 
     def add(self, row: dict[str, Any]) -> None:
         self.unsent.append(row)

@@ -304,3 +304,21 @@ def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list)
                                       model, optimizer, {}, node_id=f"node-{rank}")
     check_ranks_resumed_alike(state.step, lambda: weights_hash(model))
     return state.step, state.loaded_from, state.loaded_from_node
+
+
+def snapshot_cadence_by_cost(rank: int, world: int) -> list:
+    """The default cadence of snapshots as the ranks agree it at window ends: due at the
+    first, then not until rank 0's clock has passed the last one's cost / SNAPSHOT_SHARE."""
+    import time
+    from types import SimpleNamespace
+
+    from ray_ddp.worker.report import SNAPSHOT_SHARE, Reporter
+
+    reporter = Reporter(SimpleNamespace(rank=rank, world_size=world), 1e9, torch.device("cpu"), None)
+    reporter.snapshots_by_cost = True
+    seen = [reporter.agree(False, False).snapshot]
+    reporter.note_snapshot(time.perf_counter() - 1.0)  # it took a second
+    seen.append(reporter.agree(False, False).snapshot)
+    reporter.last_snapshot -= 1.0 / SNAPSHOT_SHARE  # as long after it as it may cost
+    seen.append(reporter.agree(False, False).snapshot)
+    return seen

@@ -37,6 +37,7 @@ from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.resolve import resolve
 from ray_ddp.driver.run import announce, check_run, find_start_point, open_storage, summary_of_complete_run
 from ray_ddp.driver.summary import RunSummary, write_summary
+from ray_ddp.checkpoint.snapshots import drop_node_snapshots
 from ray_ddp.errors import TrainingError
 from ray_ddp.models.build import model_stages
 from ray_ddp.storage import resolve_storage
@@ -68,6 +69,7 @@ def train_in_gloo(cfg, echo: Callable[[str], None] = lambda line: None, *, model
                     model_loss=data_shape is not None and data_shape.hands_labels and loss is None,
                     fit=fit_on_gloo)
     marks["fitted"] = time.time()
+    drop_node_snapshots(cfg.storage, cfg.name)  # as run() does at a command's end
     return write_summary(plan.run_config(), store, placement, start.resumed_from, started, marks,
                          start.scan.meta)
 

@@ -204,6 +204,7 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     worker.reporter = SimpleNamespace(collective_device=torch.device("cpu"))
     worker.window = SimpleNamespace(started=0.0)
     worker.first_report, worker.task, worker.source, worker.snapshots = None, None, None, None
+    worker.snapshot_agreed = False
     worker.heartbeat = Heartbeat(None, 0, "node", "127.0.0.1", 1.0)  # no watch: no thread
     worker.profile = ProfileState(None, 0, "unused", "unused", torch.device("cpu"))
     validator = Validator(cfg, None, None, None, 0, 1, torch.device("cpu"))

@@ -106,3 +106,10 @@ def test_every_rank_resumes_from_a_snapshot_only_where_every_node_holds_it(tmp_p
     step, source, from_node = expected
     assert [g[:2] for g in got] == [(step, source)] * 2
     assert [g[2] for g in got] == ([f"node-{r}" for r in range(2)] if from_node else [None, None])
+
+
+def test_the_default_cadence_keeps_snapshots_within_their_share_of_the_time():
+    """Every rank takes rank 0's decision (a rank whose own clock says otherwise too)."""
+    from dist_matrix import run_on_ranks, snapshot_cadence_by_cost
+
+    assert run_on_ranks(2, snapshot_cadence_by_cost) == [[True, False, True]] * 2
