@@ -307,16 +307,19 @@ def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list)
 
 
 def snapshot_cadence_by_cost(rank: int, world: int) -> list:
-    """The default cadence of snapshots as the ranks agree it at window ends: due at the
-    first, then not until rank 0's clock has passed the last one's cost / SNAPSHOT_SHARE."""
+    """The default cadence of snapshots as the ranks agree it at window ends: due
+    SNAPSHOT_FIRST_S after the start, then not until rank 0's clock has passed the last
+    one's cost / SNAPSHOT_SHARE."""
     import time
     from types import SimpleNamespace
 
-    from ray_ddp.worker.report import SNAPSHOT_SHARE, Reporter
+    from ray_ddp.worker.report import SNAPSHOT_FIRST_S, SNAPSHOT_SHARE, Reporter
 
     reporter = Reporter(SimpleNamespace(rank=rank, world_size=world), 1e9, torch.device("cpu"), None)
     reporter.snapshots_by_cost = True
-    seen = [reporter.agree(False, False).snapshot]
+    seen = [reporter.agree(False, False).snapshot]  # not yet
+    reporter.last_snapshot -= SNAPSHOT_FIRST_S if rank == 0 else 0  # rank 0's clock is the one
+    seen.append(reporter.agree(False, False).snapshot)
     reporter.note_snapshot(time.perf_counter() - 1.0)  # it took a second
     seen.append(reporter.agree(False, False).snapshot)
     reporter.last_snapshot -= 1.0 / SNAPSHOT_SHARE  # as long after it as it may cost

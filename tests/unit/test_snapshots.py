@@ -112,4 +112,4 @@ def test_the_default_cadence_keeps_snapshots_within_their_share_of_the_time():
     """Every rank takes rank 0's decision (a rank whose own clock says otherwise too)."""
     from dist_matrix import run_on_ranks, snapshot_cadence_by_cost
 
-    assert run_on_ranks(2, snapshot_cadence_by_cost) == [[True, False, True]] * 2
+    assert run_on_ranks(2, snapshot_cadence_by_cost) == [[False, True, False, True]] * 2
