@@ -51,6 +51,15 @@ def run_arm(arm: str, args) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def start_ray():
+    """A local Ray on loopback for every arm; what stops it."""
+    import ray
+
+    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    return ray.shutdown
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -64,10 +73,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 20:
         parser.exit(2, "give --rounds 1 or more and --steps 20 or more\n")
-    import ray
-
-    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
+    stop_ray = start_ray()
     arms, results = list(ARMS), []
     try:
         for round_no in range(args.rounds):
@@ -76,7 +82,7 @@ def main(argv=None) -> None:
                 print(f"round {round_no + 1}/{args.rounds} {arm}: {results[-1]['samples_per_s']:,.0f} samples/s",
                       flush=True)
     finally:
-        ray.shutdown()
+        stop_ray()
     per_round = rounds_by(results)
     rows = []
     for arm in arms:

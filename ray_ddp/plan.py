@@ -8,7 +8,8 @@ worker (Ray pickles the WorkerPlan into the trainer's train_loop_config).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ray_ddp.config.train import TrainConfig
@@ -109,6 +110,8 @@ class WorkerPlan:
     init_strict: bool = True
     hang_watch: Any = None  # the driver's HangWatch actor (--hang-timeout), or None: off
     ray_data: Any = None  # a RayDataConfig when a set is read through Ray Data (data/ray_data.py)
+    # this fit's in-memory snapshots' own folder on each node (checkpoint/snapshots.py): new at each fit
+    snapshot_scope: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @property
     def last_step(self) -> int:

@@ -175,6 +175,9 @@ BENCHES: dict[str, Bench] = {
         ("paired s x ray-train", "paired_restart_ratio", "r3"),
         ("paired s per round", "paired_restart_ratio_all", "r3list"),
         ("paired MB x ray-train", "paired_mb_ratio", "r3")])]),
+    "snapshot_cost": Bench("python benchmarks/snapshot_cost.py --rounds 2 --steps 2500", [Table(rows="arms", columns=[
+        ("setup", "setup", "str"), ("arm", "arm", "str"), ("samples/s", "samples_per_s", "n0"),
+        ("paired x off", "paired_ratio", "r3"), ("paired per round", "paired_ratio_all", "r3list")])]),
     "ray_idle_cpu": Bench("python benchmarks/ray_idle_cpu.py", [Table(columns=[
         ("Ray settings", "settings", "strlist"), ("total CPU-s", "total_cpu_s", "n2"),
         ("window s", "window_s", "str"), ("processes", "processes", "str")])]),

@@ -26,7 +26,7 @@ from ray_ddp.storage import local_copy, resolve_storage
 def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newest_at_start: Optional[str],
                               latest: Optional[Any], strategy, model: nn.Module,
                               optimizer: torch.optim.Optimizer, stateful: dict,
-                              node_id: Optional[str] = None) -> TrainState:
+                              node_id: Optional[str] = None, snapshot_scope: str = "") -> TrainState:
     """Load into the model, through the strategy that wrote it (bare under DDP, sharded in
     place under FSDP), the checkpoint the driver checked and announced (``resume_from``),
     or, after a restart within this run, the newer one Ray hands back (``latest``, a
@@ -41,7 +41,8 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
     candidates = []  # (its folder's path, what opens it on this machine)
     stored_steps = [checkpoint_step(_dir_name(latest.path))] if latest is not None else []
     stored_steps.append(checkpoint_step(resume_from or ""))
-    state = _load_snapshot(cfg, max(stored_steps), strategy, model, optimizer, stateful)
+    state = _load_snapshot(node_folder(cfg.storage, cfg.name, snapshot_scope), max(stored_steps), strategy,
+                           model, optimizer, stateful)
     if state is not None:
         state.loaded_from_node = node_id
         return state
@@ -75,14 +76,14 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
     return TrainState()
 
 
-def _load_snapshot(cfg: TrainConfig, stored_step: int, strategy, model: nn.Module,
+def _load_snapshot(folder: str, stored_step: int, strategy, model: nn.Module,
                    optimizer: torch.optim.Optimizer, stateful: dict) -> Optional[TrainState]:
     """The newest snapshot of the run, loaded, where it is newer than ``stored_step`` (the
     newest checkpoint in storage a rank could resume from) and every rank's node holds
     it; else None. Every rank takes the same decision (two all-reduces)."""
     if not dist.is_initialized() or strategy.checkpoint_format != "whole":
         return None
-    found = newest_snapshot(node_folder(cfg.storage, cfg.name), dist.get_world_size())
+    found = newest_snapshot(folder, dist.get_world_size())
     step = torch.tensor([float(found.step if found else 0)], device=_collective_device())
     dist.all_reduce(step, op=dist.ReduceOp.MAX)
     newest = int(step.item())

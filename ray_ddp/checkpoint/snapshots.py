@@ -51,8 +51,10 @@ def run_key(storage: str, name: str) -> str:
     return f"ray_ddp-snapshots/{name.replace('/', '_')}-{digest}"
 
 
-def node_folder(storage: str, name: str) -> str:
-    return os.path.join(snapshot_root(), run_key(storage, name))
+def node_folder(storage: str, name: str, scope: str = "") -> str:
+    """Where this node keeps the run's snapshots of one fit (``scope``: the WorkerPlan's):
+    a later command never takes an earlier one's, whose options may differ."""
+    return os.path.join(snapshot_root(), run_key(storage, name), scope or "fit")
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,9 @@ def _read_meta(slot: str) -> Optional[dict]:
 
 
 def drop_node_snapshots(storage: str, name: str) -> None:
-    """Remove this node's snapshots of the run (its end: they are memory)."""
-    shutil.rmtree(node_folder(storage, name), ignore_errors=True)
+    """Remove this node's snapshots of the run, every fit's (its end: they are memory;
+    a driver killed before its end left its own)."""
+    shutil.rmtree(os.path.join(snapshot_root(), run_key(storage, name)), ignore_errors=True)
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -149,7 +149,7 @@ class WorkerRun:
         self.preemptions = PreemptionState()
         self.window = WindowState.start(device, parts.devices[-1])
         self.flops = (flops_per_token(parts.model), peak_flops(parts.devices))  # for mfu, once
-        self.snapshots = node_snapshots(cfg, parts.strategy, session)
+        self.snapshots = node_snapshots(cfg, parts.strategy, session, plan.snapshot_scope)
         self.snapshot_agreed = False  # the default cadence's: agreed at this step's window end
         self.reporter.snapshots_by_cost = self.snapshots is not None and self.snapshots.every is None
 
@@ -293,7 +293,7 @@ class WorkerRun:
         return not flag.item()
 
 
-def node_snapshots(cfg, strategy, session) -> Optional[NodeSnapshots]:
+def node_snapshots(cfg, strategy, session, scope: str) -> Optional[NodeSnapshots]:
     """--snapshot-every-steps' writer (``writes`` on the lowest rank of each node: DDP's
     replicas are alike), None when they are off. FSDP's shards are not snapshotted: its
     runs restart from their checkpoints in storage (said once, by rank 0)."""
@@ -304,7 +304,7 @@ def node_snapshots(cfg, strategy, session) -> Optional[NodeSnapshots]:
             print(f"--snapshot-every-steps: no in-memory snapshots under --strategy {strategy.name}; "
                   "restarts resume from the checkpoints in storage", flush=True)
         return None
-    return NodeSnapshots(node_folder(cfg.storage, cfg.name), cfg.snapshot_every_steps,
+    return NodeSnapshots(node_folder(cfg.storage, cfg.name, scope), cfg.snapshot_every_steps,
                          writes=session.local_rank == 0)
 
 

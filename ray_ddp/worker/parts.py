@@ -80,7 +80,7 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     parts = TrainParts(model, wrapped, torch.compile(wrapped) if cfg.compile else wrapped,
                        optimizer, scheduler, scaler, devices, strategy)
     state = load_checkpoint_to_resume(cfg, plan.resume_from, plan.newest_at_start, latest_checkpoint, strategy,
-                                      model, optimizer, parts.stateful(), node_id)
+                                      model, optimizer, parts.stateful(), node_id, plan.snapshot_scope)
     return parts, state
 
 

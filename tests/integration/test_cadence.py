@@ -117,7 +117,7 @@ def test_a_worker_lost_mid_epoch_redoes_at_most_a_step_from_the_nodes_snapshot(r
     import os
 
     from ray_ddp import run
-    from ray_ddp.checkpoint.snapshots import node_folder
+    from ray_ddp.checkpoint.snapshots import run_key, snapshot_root
     from user_models import dies_on_rank_one
 
     cfg = small(storage, "snapshot-killed", epochs=1, snapshot_every_steps=1, max_failures=1, quiet=False,
@@ -132,4 +132,4 @@ def test_a_worker_lost_mid_epoch_redoes_at_most_a_step_from_the_nodes_snapshot(r
     assert len(told) == 1 and "restarted from the snapshot of step 6 on node" in told[0], lines
     never_killed = train_in_gloo(small(storage, "snapshot-never-killed", epochs=1))
     assert final_hashes(rows_of(summary)) == final_hashes(rows_of(never_killed))
-    assert not os.path.exists(node_folder(cfg.storage, cfg.name))
+    assert not os.path.exists(os.path.join(snapshot_root(), run_key(cfg.storage, cfg.name)))

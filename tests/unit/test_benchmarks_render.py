@@ -297,6 +297,13 @@ def fake_recovery(mod, monkeypatch):
     return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
 
 
+def fake_snapshot_cost(mod, monkeypatch):
+    monkeypatch.setattr(mod, "start_ray", lambda: lambda: None)
+    rates = {"off": 2000.0, "default": 1980.0, "every-step": 900.0}
+    monkeypatch.setattr(mod, "run_arm", lambda arm, args: {"arm": arm, "samples_per_s": rates[arm]})
+    return lambda out: argv_main(monkeypatch, mod, ["--rounds", "2", "--results-dir", out]), 2
+
+
 def fake_ray_idle_cpu(mod, monkeypatch):
     monkeypatch.setattr(mod, "measure", lambda: ([(9, "raylet ", "main")], 30, 10))
     return lambda out: mod.main(["--results-dir", out]), 1
