@@ -28,9 +28,8 @@ class Event:
     happened (None for a resize, or when Ray did not say); ``cause``: one line;
     ``restarted``: a new worker group took over; ``from_checkpoint``: the checkpoint it
     loaded (None: from scratch, or no restart); ``steps_lost``: steps it had to redo;
-    ``from_node``: the node whose in-memory snapshot it loaded (None: run storage);
-    ``settled``: where the new group started is known (Ray Train's restarts are recorded
-    as they happen and settled by the new group's first report, which says it)."""
+    ``from_node``: the node whose in-memory snapshot it loaded (None: run storage; a
+    snapshot is named by the new group's first report, after the event's line)."""
 
     type: str
     time: Optional[float]
@@ -42,7 +41,6 @@ class Event:
     steps_lost: int = 0
     restarted: bool = False
     from_node: Optional[str] = None
-    settled: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -55,7 +53,7 @@ class Event:
         return cls(str(record.get("type") or "failure"), record.get("time"), record.get("step"),
                    record.get("rank"), record.get("node"), str(record.get("cause") or ""),
                    record.get("from_checkpoint"), int(record.get("steps_lost") or 0), bool(restarted),
-                   record.get("from_node"), bool(record.get("settled", True)))
+                   record.get("from_node"))
 
 
 def to_records(events: list[Event]) -> list[dict[str, Any]]:
@@ -90,13 +88,13 @@ def restart_event(failure: FailureSummary, step: int, checkpoint: Optional[str],
     cause = why if failure.rank < 0 else f"rank {failure.rank} {_what_happened(failure)}; {why}"
     return Event("preemption" if preemption else "failure", time.time(), step,
                  failure.rank if failure.rank >= 0 else None, failure.node if failure.rank >= 0 else None,
-                 cause, checkpoint, max(0, step - checkpoint_step(checkpoint)), True, settled=False)
+                 cause, checkpoint, max(0, step - checkpoint_step(checkpoint)), True)
 
 
 def settle_restart(event: Event, resumed_at: int, loaded_from: Optional[str], node: Optional[str]) -> Event:
     """A restart, with where its new group really started (its first row says it): a
     checkpoint, a node's in-memory snapshot newer than it, or scratch."""
-    return dataclasses.replace(event, from_checkpoint=loaded_from, from_node=node, settled=True,
+    return dataclasses.replace(event, from_checkpoint=loaded_from, from_node=node,
                                steps_lost=max(0, (event.step or 0) - resumed_at))
 
 

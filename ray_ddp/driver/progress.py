@@ -179,7 +179,7 @@ class _Display:
             self.write(format_preemption(event))
         self.told = len(events)
         for event in from_records(p.events):
-            if event.settled and (event.type, event.time) not in self.told_events:
+            if (event.type, event.time) not in self.told_events:
                 self.told_events.add((event.type, event.time))
                 unused = [h for h in self.hangs() if h.time not in self.hangs_told]
                 [event], left = attribute_hangs([event], unused)

@@ -183,9 +183,8 @@ class MetricsCallback(UserCallback):
         """Record an event when this report opens a new worker group within this fit (its
         ranks' first rows carry ``started_at``) and RestartRecorder did not record its
         restart as it happened (its hooks are Ray's DeveloperAPI: a fallback that holds
-        if they stop being called). The restart is settled by this first report: rank 0's
-        row says where the group started (a checkpoint, a node's snapshot, or scratch), and
-        so how many steps it redoes; the driver says the restart's line then."""
+        if they stop being called). Where rank 0's first row says the group loaded a
+        node's in-memory snapshot, the restart's event takes it (and the steps it redoes)."""
         if not any(m.get("started_at") is not None for m in first_window):
             return
         if self._last_step is not None and not self._restart_recorded:
@@ -194,7 +193,8 @@ class MetricsCallback(UserCallback):
                                               self.preempted_at(at)))
         self._restart_recorded = False
         first = min(first_window, key=lambda m: m.get("rank", 0))  # rank 0's: where the group started
-        if first.get("resumed_at") is not None and self._events and not self._events[-1].settled:
+        # a node's snapshot, newer than the checkpoint the restart was recorded with
+        if first.get("resumed_from_node") is not None and self._events and self._events[-1].restarted:
             self._events[-1] = settle_restart(self._events[-1], int(first["resumed_at"]),
                                               first.get("resumed_from"), first.get("resumed_from_node"))
 

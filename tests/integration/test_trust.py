@@ -134,7 +134,7 @@ def test_an_elastic_run_survives_a_lost_worker_without_max_failures(ray_local, s
     [event] = [e for e in summary.events if e["type"] == "failure"]
     assert (event["rank"], event["node"], event["from_checkpoint"]) == (1, "127.0.0.1", "step-00000010")
     assert set(event) == {"type", "time", "step", "rank", "node", "cause", "from_checkpoint", "steps_lost",
-                          "restarted"} and event["restarted"]
+                          "restarted", "from_node"} and event["restarted"]
     status = json.loads((storage / "elastic-lost-worker" / "status.json").read_text())
     assert status["events"] == summary.events
     [listing] = [r for r in list_runs(str(storage)) if r.name == "elastic-lost-worker"]

@@ -10,7 +10,7 @@ from ray_ddp.driver.failures import FailureSummary
 from ray_ddp.driver.progress import format_event
 
 FIELDS = {"type", "time", "step", "rank", "node", "cause", "from_checkpoint", "steps_lost", "restarted",
-          "from_node", "settled"}
+          "from_node"}
 
 
 def test_a_lost_worker_is_recorded_with_every_field():
@@ -19,8 +19,7 @@ def test_a_lost_worker_is_recorded_with_every_field():
     assert set(event) == FIELDS
     assert {k: event[k] for k in FIELDS - {"time"}} == {
         "type": "failure", "step": 37, "rank": 1, "node": "10.0.0.7", "cause": "its process 7 died",
-        "from_checkpoint": "step-00000020", "steps_lost": 17, "restarted": True, "from_node": None,
-        "settled": True}
+        "from_checkpoint": "step-00000020", "steps_lost": 17, "restarted": True, "from_node": None}
     stopped = failure_event(lost, 37, False, "step-00000020", preemption=False)  # the run ended there
     assert (stopped.from_checkpoint, stopped.steps_lost, stopped.restarted) == (None, 0, False)
     assert where_restarted(stopped) == "" and count_restarts([stopped]) == 0
@@ -80,4 +79,4 @@ def test_an_event_survives_its_json_record_and_older_records_are_read():
     # a record from before "steps_lost" and "restarted": no steps counted, restarted if it names a checkpoint
     bare = Event.from_dict({"type": "failure", "time": 1.0, "step": 3, "rank": None, "node": None,
                             "cause": "lost", "from_checkpoint": None})
-    assert dataclasses.astuple(bare)[-4:] == (0, False, None, True)
+    assert dataclasses.astuple(bare)[-3:] == (0, False, None)

@@ -65,7 +65,6 @@ def test_a_rank_lost_before_any_report_is_recorded_with_its_node_and_scratch(tmp
     assert (event["type"], event["rank"], event["node"], event["from_checkpoint"], event["restarted"]) == \
         ("failure", 1, "10.0.0.2", None, True)
     assert "rank 1 was lost" in event["cause"] and "--max-failures" in event["cause"]
-    assert not event["settled"]  # where the new group starts is its own to say
     # the new group's first report does not record the same restart again: it settles it,
     # from where its rank 0 resumed (here a node's snapshot, newer than any checkpoint)
     recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.3"]))
@@ -73,8 +72,8 @@ def test_a_rank_lost_before_any_report_is_recorded_with_its_node_and_scratch(tmp
                            {"started_at": 1.0, "rank": 0, "resumed_at": 3, "resumed_from": "step-00000003",
                             "resumed_from_node": "5d1e0000"}])
     [settled] = metrics._events
-    assert (settled.settled, settled.from_checkpoint, settled.from_node, settled.steps_lost) == \
-        (True, "step-00000003", "5d1e0000", max(0, settled.step - 3))
+    assert (settled.from_checkpoint, settled.from_node, settled.steps_lost) == \
+        ("step-00000003", "5d1e0000", max(0, settled.step - 3))
     assert "restarted from the snapshot of step 3 on node 5d1e0000" in format_event(settled)
 
 
