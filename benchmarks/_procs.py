@@ -2,12 +2,26 @@
 machine's busy seconds (/proc/stat), and each process's own (/proc/<pid>/stat) sampled
 by a thread while a command runs, named by what the process is (Ray names an actor's
 process ``ray::Class``). Used by startup.py (one job) and suite_time.py (the test suite).
-Elsewhere than Linux every figure is None or empty."""
+Elsewhere than Linux every figure is None or empty. Also ``start_ray``: the one local Ray
+(its processes on loopback) that recovery.py and snapshot_cost.py run their arms on."""
 
 from __future__ import annotations
 
 import os
 import threading
+
+
+def start_ray():
+    """Start a local Ray on loopback, never the cluster RAY_ADDRESS names, each run's Ray
+    Train settings its own; return what stops it."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when Ray is imported: before
+    for name in ("RAY_ADDRESS", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"):  # ray-ddp sets its own poll
+        os.environ.pop(name, None)
+    import ray
+
+    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    return ray.shutdown
 
 
 def busy_cpu_s() -> float | None:
@@ -66,6 +80,7 @@ class ProcessSampler:
     itself costs a little CPU, counted under its own process)."""
 
     def __init__(self, every_s: float = 0.2):
+        """Take every process's CPU seconds so far as the baseline; sample nothing yet."""
         self.every_s = every_s
         self.before = process_cpu()
         self.seen = dict(self.before)
@@ -73,14 +88,17 @@ class ProcessSampler:
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def start(self) -> "ProcessSampler":
+        """Start sampling in a thread; return the sampler."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop sampling and wait for the thread."""
         self._done.set()
         self._thread.join()
 
     def _sample(self) -> None:
+        """Record every process's CPU seconds and best title every ``every_s`` until stop()."""
         while not self._done.wait(self.every_s):
             for pid, (cpu, title) in process_cpu().items():
                 self.seen[pid] = (cpu, better_title(self.seen.get(pid, (0.0, ""))[1], title))

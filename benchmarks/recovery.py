@@ -62,6 +62,9 @@ import time
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _procs import start_ray  # noqa: E402
+
 ARMS = ("ray-train", "ray-ddp", "ray-ddp-snapshots")
 INPUT_DIM, OUTPUT_DIM, SEED, LR = 10, 5, 0, 0.05  # ray-ddp's synthetic task and defaults
 CHECKPOINT_DIR = re.compile(r"checkpoint_.*|step-\d+")  # Ray Train's and ray-ddp's folders
@@ -356,19 +359,6 @@ def print_table(result: dict) -> None:
               f"{row['restart_s']:.1f} | {row['mb_read']:.2f} | {row['all_mb_read']:.2f} | {shown} |")
 
 
-def start_ray():
-    """A local Ray on loopback for both arms, each arm's Ray Train settings its own; what
-    stops it."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when Ray is imported: before
-    for name in ("RAY_ADDRESS", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"):  # ray-ddp sets its own poll
-        os.environ.pop(name, None)
-    import ray
-
-    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
-    return ray.shutdown
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -381,7 +371,6 @@ def main(argv=None) -> None:
                         help="the snapshot arm's --snapshot-every-steps")
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _results import add_result_args, rounds_by, save_result
 
     add_result_args(parser)

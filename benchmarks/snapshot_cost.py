@@ -27,6 +27,9 @@ import statistics
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _procs import start_ray  # noqa: E402
+
 ARMS = {"off": 0, "default": None, "every-step": 1}
 
 
@@ -51,22 +54,12 @@ def run_arm(arm: str, args) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def start_ray():
-    """A local Ray on loopback for every arm; what stops it."""
-    import ray
-
-    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
-    return ray.shutdown
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _results import add_result_args, rounds_by, save_result
 
     add_result_args(parser)

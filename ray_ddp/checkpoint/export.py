@@ -46,6 +46,7 @@ class ExportSummary:
     merged: bool = False  # --merge: a --lora run's adapters merged into its base
 
     def text(self) -> str:
+        """What was exported, from which checkpoint and where to, as `ray-ddp export` says it."""
         source = "consolidated from its shards" if self.sharded else "copied"
         if self.format == "hf":
             merged = ", its LoRA adapters merged into the base" if self.merged else ""

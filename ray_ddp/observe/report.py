@@ -33,6 +33,7 @@ class ReportSummary:
     events: list[Event] = field(default_factory=list)  # status.json's, marked on the loss plot
 
     def text(self) -> str:
+        """The run, its slowest rank and its restarts, as report.txt and `ray-ddp report` say them."""
         ratio = self.slowest_step_time_s / self.median_step_time_s if self.median_step_time_s else 1.0
         lines = [f"run {self.run}: {self.ranks} ranks, {self.steps} steps, final loss {self.final_loss:.4f}",
                  f"slowest rank: {self.slowest_rank} ({self.slowest_step_time_s:.4f} s of own work per "

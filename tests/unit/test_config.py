@@ -58,11 +58,23 @@ def test_every_flag_is_a_yaml_key(tmp_path):
     ({"name": ".."}, "must be a plain folder name"),
     ({"name": "a..b"}, "must not contain '..'"),
     ({"backend": "nccl", "gpus_per_worker": 0}, "--backend nccl needs GPUs"),
+    ({"snapshot_every_steps": -1}, "--snapshot-every-steps must be 0 (off) or positive, got -1"),
 ])
 def test_invalid_values_are_one_line(values, fragment):
     with pytest.raises(ConfigError) as err:
         TrainConfig(**values).validate()
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_negative_snapshot_every_steps_is_one_line_from_flags_and_yaml(tmp_path):
+    # 0 turns snapshots off and None leaves them to the cadence by cost; below 0 means neither
+    (tmp_path / "c.yaml").write_text("snapshot-every-steps: -3\n")
+    for cfg in (parse(["--snapshot-every-steps", "-3"]), TrainConfig.from_yaml(str(tmp_path / "c.yaml"))):
+        with pytest.raises(ConfigError) as err:
+            cfg.validate()
+        assert str(err.value) == "--snapshot-every-steps must be 0 (off) or positive, got -3"
+    assert TrainConfig(snapshot_every_steps=0).validate().snapshot_every_steps == 0
+    assert TrainConfig().validate().snapshot_every_steps is None
 
 
 def test_unknown_key_and_wrong_type(tmp_path):
