@@ -38,6 +38,9 @@ class TrainState:
     # whose in-memory snapshot it was (None: run storage)
     loaded_from: Optional[str] = None
     loaded_from_node: Optional[str] = None
+    # an in-memory snapshot's metrics rows not yet sent when it was taken, one list per
+    # rank: a restart from it sends them (worker/loop.py)
+    rows: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
 def capture_rng(devices: Sequence[torch.device] = ()) -> dict[str, Any]:
@@ -113,17 +116,18 @@ class CheckpointSnapshot:
     hf_config: Optional[str] = None  # hf_config.json's text, for a Hugging Face model only
 
 
-def checkpoint_header(state: TrainState, run: dict[str, Any], rank: int, sharded: bool = False
-                      ) -> dict[str, Any]:
+def checkpoint_header(state: TrainState, run: dict[str, Any], rank: int, sharded: bool = False,
+                      world_size: Optional[int] = None) -> dict[str, Any]:
     """What every checkpoint opens with, in meta.json and in train_state.pt alike, whichever
     strategy wrote it: where the run stood, the world size that saved it, the rank that
     saved, the run (``run``: the user's ``config`` and the RunPlan's values, ``plan``,
     apart: a resume on another world size reads the intent, plan.saved_run_config both;
     ``started_from``: the weights its first life started from, kept across resumes), and
     its format ("whole": model.pt holds the model; "sharded": DCP's shards, and model.pt
-    only at the run's end)."""
+    only at the run's end). ``world_size``: where ``state.rng`` does not hold every rank's
+    (a survivor's save)."""
     return {"epoch": state.epoch, "step": state.step, "epoch_step": state.epoch_step,
-            "world_size": len(state.rng), "saved_by_rank": rank,
+            "world_size": len(state.rng) if world_size is None else world_size, "saved_by_rank": rank,
             "config": run.get("config", {}), "plan": run.get("plan", {}),
             "started_from": run.get("started_from"), "format": "sharded" if sharded else "whole"}
 
@@ -139,11 +143,12 @@ def started_from_of(meta: dict[str, Any]) -> Optional[str]:
 
 def snapshot_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
                         run: dict[str, Any], rank: int, stateful: Optional[dict[str, Any]] = None,
-                        reuse: Optional[CheckpointSnapshot] = None) -> CheckpointSnapshot:
+                        reuse: Optional[CheckpointSnapshot] = None, world_size: Optional[int] = None
+                        ) -> CheckpointSnapshot:
     """Copy everything a checkpoint holds (one memory copy of weights and optimizer
     state). ``stateful``: more objects with state_dict() (LR schedule, gradient scaler).
     ``reuse``: a snapshot already written, whose memory the copy goes into."""
-    header = checkpoint_header(state, run, rank)
+    header = checkpoint_header(state, run, rank, world_size=world_size)
     return CheckpointSnapshot(
         model=to_cpu(model.state_dict(), reuse.model if reuse else None),
         train_state={

@@ -35,4 +35,4 @@ def load_checkpoint(directory: str, model: nn.Module, optimizer: torch.optim.Opt
         if name in saved:
             obj.load_state_dict(saved[name])
     return TrainState(epoch=saved["epoch"], step=saved["step"], rng=saved["rng"],
-                      epoch_step=saved.get("epoch_step", 0))
+                      epoch_step=saved.get("epoch_step", 0), rows=saved.get("rows", []))

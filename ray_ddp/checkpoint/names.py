@@ -43,3 +43,9 @@ def unexpected_file(names) -> Optional[str]:
 
 def checkpoint_dir_name(step: int) -> str:
     return f"step-{step:08d}"
+
+
+def checkpoint_step(name: Optional[str]) -> int:
+    """The step of a checkpoint folder's name (step-00000800 -> 800); 0 for none."""
+    found = re.search(r"step-(\d+)", name or "")
+    return int(found[1]) if found else 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import shutil
 from typing import Any, Callable, Optional
 
 import torch
@@ -14,9 +16,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ray_ddp.checkpoint.format import TrainState
-from ray_ddp.checkpoint.names import checkpoint_dir_name
+from ray_ddp.checkpoint.names import checkpoint_dir_name, checkpoint_step
 from ray_ddp.checkpoint.sharded import is_sharded_checkpoint
-from ray_ddp.checkpoint.snapshots import newest_snapshot, node_folder
+from ray_ddp.checkpoint.snapshots import fetch_snapshot, newest_snapshot, node_folder
 from ray_ddp.checkpoint.verify import verify_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import CheckpointError, StorageError
@@ -34,17 +36,16 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
     a fresh TrainState if neither.
     Every file is checked against its meta.json (size and CRC-32) before it is loaded, and
     every rank loads the same one: the newest that every rank could read. Newest of all,
-    where it is newer than those: the in-memory snapshot on this node (--snapshot-every-steps),
-    used when every rank's node holds it (``node_id``: this rank's node, named in the
-    state's ``loaded_from_node``)."""
+    where it is newer than those: the newest in-memory snapshot (--snapshot-every-steps) on
+    any rank's node, sent to the nodes that lack it (``node_id``: this rank's node; the
+    state's ``loaded_from_node`` names the node the snapshot came from)."""
     store = resolve_storage(cfg.storage)
     candidates = []  # (its folder's path, what opens it on this machine)
     stored_steps = [checkpoint_step(_dir_name(latest.path))] if latest is not None else []
     stored_steps.append(checkpoint_step(resume_from or ""))
     state = _load_snapshot(node_folder(cfg.storage, cfg.name, snapshot_scope), max(stored_steps), strategy,
-                           model, optimizer, stateful)
+                           model, optimizer, stateful, node_id)
     if state is not None:
-        state.loaded_from_node = node_id
         return state
     if latest is not None and _dir_name(latest.path) > (newest_at_start or ""):
         # written by this run before a worker died; Ray's Checkpoint: on remote storage,
@@ -76,27 +77,43 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
     return TrainState()
 
 
-def _load_snapshot(folder: str, stored_step: int, strategy, model: nn.Module,
-                   optimizer: torch.optim.Optimizer, stateful: dict) -> Optional[TrainState]:
-    """The newest snapshot of the run, loaded, where it is newer than ``stored_step`` (the
-    newest checkpoint in storage a rank could resume from) and every rank's node holds
-    it; else None. Every rank takes the same decision (two all-reduces)."""
+def _load_snapshot(folder: str, stored_step: int, strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   stateful: dict, node_id: Optional[str]) -> Optional[TrainState]:
+    """The newest snapshot of the run on any rank's node, loaded on every rank, where it is
+    newer than ``stored_step`` (the newest checkpoint in storage a rank could resume
+    from); else None. A rank whose node lacks it gets it from the lowest rank whose node
+    holds it; where any rank's copy is not whole, every rank goes on to run storage."""
     if not dist.is_initialized() or strategy.checkpoint_format != "whole":
         return None
-    found = newest_snapshot(folder, dist.get_world_size())
-    step = torch.tensor([float(found.step if found else 0)], device=_collective_device())
-    dist.all_reduce(step, op=dist.ReduceOp.MAX)
-    newest = int(step.item())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    found = newest_snapshot(folder, world)
+    newest = int(_reduced(found.step if found else 0, dist.ReduceOp.MAX))
     if newest <= stored_step:
         return None
-    if not usable_on_every_rank(found is not None and found.step == newest):
-        if dist.get_rank() == 0:
-            print(f"the snapshot of step {newest} is not on every rank's node: resuming from run storage",
-                  flush=True)
-        return None
-    state = strategy.load_checkpoint(found.folder, model, optimizer, stateful)
-    state.loaded_from = checkpoint_dir_name(newest)
+    holds = found is not None and found.step == newest
+    path, source_node = (found.folder if holds else None), node_id
+    fetched = os.path.join(folder, f"fetched-r{rank}")
+    try:
+        if not usable_on_every_rank(holds):  # a node lacks it: sent from the lowest rank's that holds it
+            holder = int(_reduced(rank if holds else world, dist.ReduceOp.MIN))
+            path, source_node = fetch_snapshot(path, holder, fetched, node_id, _collective_device())
+        if not usable_on_every_rank(path is not None):
+            if rank == 0:
+                print(f"the snapshot of step {newest} could not be sent whole to every rank: resuming from "
+                      "run storage", flush=True)
+            return None
+        state = strategy.load_checkpoint(path, model, optimizer, stateful)
+    finally:
+        shutil.rmtree(fetched, ignore_errors=True)  # read: the node's own slots hold what it takes next
+    state.loaded_from, state.loaded_from_node = checkpoint_dir_name(newest), source_node
     return state
+
+
+def _reduced(value: float, op) -> float:
+    """``value`` reduced over every rank by ``op`` (one all-reduce)."""
+    tensor = torch.tensor([float(value)], device=_collective_device())
+    dist.all_reduce(tensor, op=op)
+    return tensor.item()
 
 
 def _problem_of(directory: str, strategy) -> Optional[str]:
@@ -151,12 +168,6 @@ def _collective_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def checkpoint_step(name: str) -> int:
-    """step-00000800 -> 800; 0 for no name."""
-    digits = name.rsplit("-", 1)[-1]
-    return int(digits) if name.startswith("step-") and digits.isdigit() else 0
 
 
 def _dir_name(path: str) -> str:

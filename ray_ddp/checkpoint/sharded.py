@@ -61,10 +61,11 @@ class ShardedCheckpointWriter:
         return self._idle.is_set()
 
     def snapshot(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict[str, Any],
-                 state: TrainState, run: dict[str, Any], dir_name: str, final: bool) -> ShardedSnapshot:
+                 state: TrainState, run: dict[str, Any], dir_name: str, final: bool,
+                 rows: Optional[list] = None) -> ShardedSnapshot:
         """Start writing this rank's shards (training waits only for DCP's copy to host
         memory); at the run's end (``final``), also gather the whole model to rank 0
-        (every rank takes part)."""
+        (every rank takes part). ``rows``: every rank's metrics rows its report sends."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
             get_state_dict
@@ -88,6 +89,7 @@ class ShardedCheckpointWriter:
                 "rng": state.rng,
                 NON_TENSORS: to_cpu(rest),  # a copy: training goes on changing param_groups
                 **{name: to_cpu(obj.state_dict()) for name, obj in stateful.items()},
+                **({"rows": rows} if rows else {}),
             }
             snapshot.meta = header
             snapshot.hf_config = hf_config_json(model)
@@ -146,7 +148,7 @@ def load_sharded_checkpoint(directory: str, model: nn.Module, optimizer: torch.o
     for name, obj in (stateful or {}).items():
         if name in saved:
             obj.load_state_dict(saved[name])
-    return TrainState(epoch=saved["epoch"], step=saved["step"], rng=saved["rng"],
+    return TrainState(epoch=saved["epoch"], step=saved["step"], rng=saved["rng"], rows=saved.get("rows", []),
                       epoch_step=saved.get("epoch_step", 0))
 
 

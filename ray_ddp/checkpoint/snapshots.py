@@ -8,7 +8,16 @@ Each node keeps two slots and writes the older one, meta.json last (with every f
 size and CRC-32, as a checkpoint's), having first removed the slot's meta.json: a
 snapshot cut short never stands for a whole one, and the other slot still holds the one
 before. Under DDP every replica holds the same state, so one rank per node writes (its
-lowest); the RNG of every rank is gathered into it, as into a checkpoint.
+lowest), with the metrics rows of every rank not yet sent (``rows``): a restart from the
+snapshot sends them, where a restart from a checkpoint redoes their steps. No rank's RNG:
+each step seeds its own (worker/step.py).
+
+A node that lacks the newest snapshot a restarted group resumes from gets it from the
+lowest rank whose node holds it (``fetch_snapshot``: the files broadcast over the process
+group, in chunks: the group's own links, NCCL's on GPUs, never run storage).
+
+A third slot, ``survivor``, holds a survivor's save (worker/snapshotting.py): the state a
+rank held when a peer was lost, written by the first rank of the node that claims it.
 """
 
 from __future__ import annotations
@@ -23,16 +32,19 @@ from typing import Optional
 
 import pyarrow.fs as pafs
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ray_ddp.checkpoint.format import TrainState, snapshot_checkpoint, write_checkpoint
 from ray_ddp.checkpoint.names import META_FILE
 from ray_ddp.checkpoint.verify import verify_checkpoint
 
+FETCH_CHUNK = 64 << 20  # bytes per broadcast of a fetched snapshot: a bounded buffer on each rank
 # The share of the node's memory both slots may take: past it the node keeps no snapshot
 # (the run goes on with checkpoints in storage), as training needs the host memory too.
 MEMORY_SHARE = 0.25
 SLOTS = ("slot-a", "slot-b")
+SURVIVOR_SLOT = "survivor"
 
 
 def snapshot_root() -> str:
@@ -70,7 +82,7 @@ def newest_snapshot(folder: str, world_size: int) -> Optional[FoundSnapshot]:
     against its meta.json, CRC-32 included: it is memory, read in a moment); None if none.
     A snapshot of another world size is not used: its position is another cut of the epoch."""
     found = []
-    for slot in SLOTS:
+    for slot in (*SLOTS, SURVIVOR_SLOT):
         path = os.path.join(folder, slot)
         meta = _read_meta(path)
         if meta is None or meta.get("world_size") != world_size or not isinstance(meta.get("step"), int):
@@ -88,6 +100,43 @@ def _read_meta(slot: str) -> Optional[dict]:
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
+
+
+def fetch_snapshot(found: Optional[str], holder: int, into: str, node_id: Optional[str],
+                   device: torch.device) -> tuple[Optional[str], Optional[str]]:
+    """The snapshot folder ``found`` on rank ``holder``, sent to every rank (a collective:
+    every rank calls it; ``found``: this rank's own copy of that snapshot, or None); a rank
+    without one writes what it receives into ``into`` (a folder of its own) and checks it
+    against its meta.json. Returns where this rank reads the snapshot (None: its copy is
+    not whole) and the holder's node."""
+    rank = dist.get_rank()
+    header = [None]
+    if rank == holder:
+        header = [{"node": node_id, "files": {name: os.path.getsize(os.path.join(found, name))
+                                               for name in sorted(os.listdir(found))}}]
+    dist.broadcast_object_list(header, src=holder)
+    receives = found is None
+    if receives:
+        shutil.rmtree(into, ignore_errors=True)
+        os.makedirs(into)
+    for name, size in header[0]["files"].items():
+        source = open(os.path.join(found, name), "rb") if rank == holder else None
+        target = open(os.path.join(into, name), "wb") if receives else None
+        try:
+            for offset in range(0, size, FETCH_CHUNK):
+                chunk = torch.empty(min(FETCH_CHUNK, size - offset), dtype=torch.uint8, device=device)
+                if source is not None:
+                    chunk.copy_(torch.frombuffer(bytearray(source.read(chunk.numel())), dtype=torch.uint8))
+                dist.broadcast(chunk, src=holder)
+                if target is not None:
+                    target.write(chunk.cpu().numpy().tobytes())
+        finally:
+            for f in (source, target):
+                if f is not None:
+                    f.close()
+    if not receives:
+        return found, header[0]["node"]
+    return (into if verify_checkpoint(into) is None else None), header[0]["node"]
 
 
 def drop_node_snapshots(storage: str, name: str) -> None:
@@ -112,6 +161,17 @@ def node_memory_bytes() -> int:
         return 0
 
 
+def _write_slot(slot: str, snapshot, rows: Optional[list] = None) -> None:
+    """One slot's files, its meta.json removed first: a cut-short write is never whole."""
+    try:
+        os.remove(os.path.join(slot, META_FILE))
+    except FileNotFoundError:
+        pass
+    if rows is not None:
+        snapshot.train_state["rows"] = rows
+    write_checkpoint(slot, snapshot, pafs.LocalFileSystem())
+
+
 class NodeSnapshots:
     """One node's snapshots, as a rank sees them: when they are due, and, on the rank that
     ``writes`` them, the writing: the older slot each time, meta.json last."""
@@ -127,22 +187,36 @@ class NodeSnapshots:
         return agreed if self.every is None else self.every > 0 and step % self.every == 0
 
     def write(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict, state: TrainState,
-              run: dict, rank: int) -> None:
-        """Write the state after ``state.step`` into the older slot (the RNG of every rank
-        already in ``state.rng``)."""
+              run: dict, rank: int, world_size: int, rows: Optional[list] = None) -> None:
+        """Write the state after ``state.step`` of ``world_size`` ranks into the older slot
+        (``rows``: every rank's metrics rows not yet sent)."""
         if self._slot is None:  # this process's first: is there room, and which slot is older
             self._check_room(model, optimizer)
             self._slot = self._older_slot()
         if self.off_because is not None:
             return
-        slot = os.path.join(self.folder, SLOTS[self._slot])
-        try:
-            os.remove(os.path.join(slot, META_FILE))  # first: a cut-short write is never whole
-        except FileNotFoundError:
-            pass
-        snapshot = snapshot_checkpoint(model, optimizer, state, run, rank, stateful)
-        write_checkpoint(slot, snapshot, pafs.LocalFileSystem())
+        _write_slot(os.path.join(self.folder, SLOTS[self._slot]),
+                    snapshot_checkpoint(model, optimizer, state, run, rank, stateful, world_size=world_size), rows)
         self._slot = 1 - self._slot
+
+    def write_survivor(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict,
+                       state: TrainState, run: dict, rank: int, world_size: int,
+                       rows: Optional[list] = None) -> Optional[str]:
+        """A survivor's save of the state after ``state.step`` into the survivor slot, by
+        the first rank of this node to claim that step (one copy per node: DDP's replicas
+        are alike); what was written, or why not (None: another rank claims it)."""
+        try:  # the claim: atomic on one node, so two survivors never write one folder
+            os.makedirs(self.folder, exist_ok=True)
+            os.close(os.open(os.path.join(self.folder, f"survivor-claim-{state.step}"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return None
+        need, free, memory = state_bytes(model, optimizer), shutil.disk_usage(self.folder).free, node_memory_bytes()
+        if need > (min(free, MEMORY_SHARE * memory - 2 * need) if memory else free):  # beside the two slots
+            return f"no survivor's save of step {state.step}: no room for it in {snapshot_root()}"
+        _write_slot(os.path.join(self.folder, SURVIVOR_SLOT),
+                    snapshot_checkpoint(model, optimizer, state, run, rank, stateful, world_size=world_size), rows)
+        return f"rank {rank} saved the state of step {state.step} on its node as a peer was lost"
 
     def _older_slot(self) -> int:
         """The slot without a whole snapshot, else the one with the older step: a restarted
@@ -153,7 +227,7 @@ class NodeSnapshots:
     def _check_room(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Off, with the reason, when two slots would take more than MEMORY_SHARE of the
         node's memory or more than the free space where they go."""
-        need = 2 * state_bytes(model, optimizer)
+        need = 2 * state_bytes(model, optimizer)  # (a survivor's save, a third, checks its own room)
         os.makedirs(self.folder, exist_ok=True)
         free = shutil.disk_usage(self.folder).free
         allowed = min(MEMORY_SHARE * (node_memory_bytes() or need / MEMORY_SHARE), free)

@@ -34,13 +34,17 @@ class CheckpointWriter:
         return self._idle.is_set()
 
     def snapshot(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict[str, Any],
-                 state: TrainState, run: dict[str, Any], dir_name: str, final: bool) -> CheckpointSnapshot:
+                 state: TrainState, run: dict[str, Any], dir_name: str, final: bool,
+                 rows: Optional[list] = None) -> CheckpointSnapshot:
         """Wait for the previous upload (the only wait training has), then copy the state
-        (rank 0's: the writer's; the whole model is always in it, whatever ``final``)."""
+        (rank 0's: the writer's; the whole model is always in it, whatever ``final``), with
+        ``rows``, every rank's metrics rows its report sends."""
         self._idle.wait()
         self._idle.clear()
         reuse, self._reusable = self._reusable, None
         self._latest = snapshot_checkpoint(model, optimizer, state, run, 0, stateful, reuse=reuse)
+        if rows:
+            self._latest.train_state["rows"] = rows
         return self._latest
 
     def write(self, snapshot: CheckpointSnapshot, dir_name: str) -> str:

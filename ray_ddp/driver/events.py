@@ -11,11 +11,10 @@ controller to the driver; status.json and summary.json), read back by ``Event.fr
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from typing import Any, Optional
 
-from ray_ddp.checkpoint.names import checkpoint_dir_name
+from ray_ddp.checkpoint.names import checkpoint_dir_name, checkpoint_step
 from ray_ddp.driver.failures import FailureSummary
 
 KINDS = ("failure", "hang", "preemption", "resize")
@@ -65,12 +64,6 @@ def from_records(records: Optional[list[dict[str, Any]]]) -> list[Event]:
     return [Event.from_dict(r) for r in records or []]
 
 
-def checkpoint_step(name: Optional[str]) -> int:
-    """The step of a checkpoint folder's name (step-00000800 -> 800); 0 for none."""
-    found = re.search(r"step-(\d+)", name or "")
-    return int(found[1]) if found else 0
-
-
 def failure_event(failure: FailureSummary, step: Optional[int], restarted: bool, checkpoint: Optional[str],
                   preemption: bool) -> Event:
     """A failed worker group, as the driver saw it: restarted (from ``checkpoint``, None
@@ -92,10 +85,12 @@ def restart_event(failure: FailureSummary, step: int, checkpoint: Optional[str],
 
 
 def settle_restart(event: Event, resumed_at: int, loaded_from: Optional[str], node: Optional[str]) -> Event:
-    """A restart, with where its new group really started (its first row says it): a
-    checkpoint, a node's in-memory snapshot newer than it, or scratch."""
-    return dataclasses.replace(event, from_checkpoint=loaded_from, from_node=node,
-                               steps_lost=max(0, (event.step or 0) - resumed_at))
+    """A restart, with where its new group really started (its first words say it): a
+    checkpoint, or a node's in-memory snapshot newer than it, which the failed group wrote:
+    it had finished at least that step, whatever its last report or heartbeat said."""
+    step = max(event.step or 0, resumed_at)
+    return dataclasses.replace(event, step=step, from_checkpoint=loaded_from, from_node=node,
+                               steps_lost=step - resumed_at)
 
 
 def _what_happened(failure: FailureSummary) -> str:
@@ -162,6 +157,11 @@ def count_restarts(events: list[Event]) -> int:
     """Restarts of the worker group: the failures, hangs and preemptions it went on from
     (from a checkpoint or from scratch)."""
     return sum(1 for e in events if e.type in ("failure", "hang", "preemption") and e.restarted)
+
+
+def steps_to_redo(redo: Optional[int]) -> str:
+    """': 7 steps to redo' (a restart's line ends with it), '' for none."""
+    return f": {redo} step{'s' if redo != 1 else ''} to redo" if redo and redo > 0 else ""
 
 
 def where_restarted(event: Event) -> str:

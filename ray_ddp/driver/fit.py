@@ -12,7 +12,7 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.plan import RunPlan, WorkerPlan
 from ray_ddp.cluster.placement import PlacementConfig
 from ray_ddp.driver.events import (Event, attribute_hangs, failure_event, from_records, merge_events,
-                                   restarted_after_hang, table_events)
+                                   restarted_after_hang, steps_to_redo, table_events)
 from ray_ddp.driver.hangs import HangMonitor
 from ray_ddp.driver.failures import describe_loss, summarize_failure
 from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig, RestartState, decide_restart
@@ -160,8 +160,7 @@ def _decide_restart(err: TrainingError, restarts: RestartState, policy: RestartP
 def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:
     if step is None:
         return ""
-    redo = step - (meta["step"] if meta else 0)
-    return f": {redo} step{'s' if redo != 1 else ''} to redo" if redo > 0 else ""
+    return steps_to_redo(step - (meta["step"] if meta else 0))
 
 
 def fit_on_ray(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,

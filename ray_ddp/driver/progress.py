@@ -18,7 +18,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
-from ray_ddp.driver.events import Event, attribute_hangs, from_records, where_restarted
+from ray_ddp.driver.events import Event, attribute_hangs, from_records, steps_to_redo, where_restarted
 from ray_ddp.run_folder import Progress, RunFolder
 from ray_ddp.errors import StorageError
 from ray_ddp.storage import StorageConfig, read_json
@@ -35,6 +35,7 @@ def read_progress(store: StorageConfig, run_path: str) -> Optional[Progress]:
 
 
 def format_progress(p: Progress) -> str:
+    """A report as the one plain line shown where there is no bar."""
     line = f"epoch {p.epoch}/{p.epochs}  step {p.step}/{p.total_steps}  loss {p.loss:.4f}"
     for value, label in ((p.accuracy, "acc"), (p.perplexity, "ppl")):
         if value is not None:
@@ -51,6 +52,7 @@ def format_progress(p: Progress) -> str:
 
 
 def format_straggler(s: dict[str, Any]) -> str:
+    """The straggler warning's one line, from progress.json's ``straggler``."""
     return (f"warning: rank {s['rank']} is straggling: its own work (data + forward) took "
             f"{s['ratio']:.1f}x the median rank's for {s['reports']} reports in a row "
             f"({s['busy_s']:.3f} s vs {s['median_s']:.3f} s); check its node "
@@ -63,14 +65,18 @@ def format_event(e: Event) -> str:
     group started."""
     if e.type == "resize":
         return f"resize after step {e.step}: {e.cause}"
-    redo = e.steps_lost
     cause = "Ray Train restarted the worker group the hang watch ended (within --max-failures)" \
         if e.type == "hang" else e.cause
-    return (f"{e.type} after step {e.step}: {cause}; {where_restarted(e) or 'not restarted'}"
-            + (f": {redo} step{'s' if redo != 1 else ''} to redo" if redo else ""))
+    return f"{e.type} after step {e.step}: {cause}; {where_restarted(e) or 'not restarted'}{steps_to_redo(e.steps_lost)}"
+
+
+def format_settled(e: Event) -> str:
+    """A restart's line once its new group said where it started: a node's snapshot."""
+    return f"{e.type} after step {e.step}: {where_restarted(e)}{steps_to_redo(e.steps_lost)}"
 
 
 def format_preemption(e: dict[str, Any]) -> str:
+    """A preemption checkpoint's one line, from one of progress.json's ``preemptions``."""
     nodes = ", ".join(n[:12] for n in e["node_id"].split(","))
     return (f"node {nodes} is being preempted (deadline in {max(0.0, e['deadline_in_s']):.0f} s): "
             f"checkpoint {e['checkpoint']} saved")
@@ -88,9 +94,11 @@ class _Bar:
     """A tqdm bar over global steps; created on the first report (total known then)."""
 
     def __init__(self) -> None:
+        """No bar yet: the first report knows the total."""
         self.bar = None
 
     def show(self, p: Progress) -> None:
+        """Move the bar to report ``p``'s step, its epoch, loss and samples/s beside it."""
         from tqdm import tqdm
 
         if self.bar is None:
@@ -101,12 +109,14 @@ class _Bar:
         self.bar.update(p.step - self.bar.n)
 
     def write(self, line: str) -> None:
+        """Print ``line`` above the bar (or plainly before it is drawn)."""
         if self.bar is None:
             print(line, flush=True)
         else:
             self.bar.write(line)
 
     def close(self) -> None:
+        """Close the bar, if one was drawn."""
         if self.bar is not None:
             self.bar.close()
 
@@ -128,6 +138,7 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
     stop = threading.Event()
 
     def poll() -> None:
+        """Show each new report every ``every_s`` until the block ends."""
         while not stop.wait(every_s):
             show_safely(display.show_new, say)
 
@@ -149,6 +160,7 @@ class _Display:
 
     def __init__(self, store: StorageConfig, run_path: str, echo: Callable[[str], None],
                  bar: Optional[_Bar], hangs: Callable[[], list[Event]]) -> None:
+        """Take what progress.json already holds as shown."""
         self.store, self.run_path, self.echo, self.bar, self.hangs = store, run_path, echo, bar, hangs
         seen = _read_for_display(store, run_path)  # a resumed run's old file: not news
         self.last_time = seen.time if seen else None
@@ -156,35 +168,62 @@ class _Display:
         self.told = len(seen.preemptions) if seen else 0  # preemptions already printed
         # Ray Train's restarts and resizes already printed (a new controller starts its list
         # afresh, so they are told apart by their time, not counted)
-        self.told_events = {(e.type, e.time) for e in from_records(seen.events if seen else None)}
+        # each event said, and the node of the snapshot its restart was said to load from
+        self.told_events = {(e.type, e.time): e.from_node for e in from_records(seen.events if seen else None)}
         self.hangs_told: set = set()  # the times of the hangs whose restart was told
         self.shown: Optional[tuple] = None  # (step, time) of the report shown last
 
     def write(self, line: str) -> None:
+        """Print ``line`` above the bar, or echo it."""
         (self.bar.write if self.bar else self.echo)(line)
 
     def show_new(self) -> None:
+        """Show what progress.json holds that was not shown yet: a straggler warning,
+        preemption checkpoints, restarts and resizes, then the report itself."""
         p = _read_for_display(self.store, self.run_path)
         if p is None or p.time == self.last_time:
             return
         self.last_time = p.time
-        straggler = p.straggler
+        self._warn_of_straggler(p.straggler)
+        self._tell_preemptions(p.preemptions)
+        self._tell_events(from_records(p.events))
+        self._show_report(p)
+
+    def _warn_of_straggler(self, straggler: Optional[dict[str, Any]]) -> None:
+        """Warn of a straggling rank once per straggle (its rank and the step it began)."""
         if straggler and (straggler["rank"], straggler["since_step"]) not in self.warned:
             self.warned.add((straggler["rank"], straggler["since_step"]))
             self.write(format_straggler(straggler))
-        events = p.preemptions
+
+    def _tell_preemptions(self, events: list[dict[str, Any]]) -> None:
+        """Say each preemption checkpoint not said yet."""
         if len(events) < self.told:  # a new controller (a resumed run) starts its list afresh
             self.told = 0
         for event in events[self.told:]:
             self.write(format_preemption(event))
         self.told = len(events)
-        for event in from_records(p.events):
-            if (event.type, event.time) not in self.told_events:
-                self.told_events.add((event.type, event.time))
-                unused = [h for h in self.hangs() if h.time not in self.hangs_told]
-                [event], left = attribute_hangs([event], unused)
-                self.hangs_told.update(h.time for h in unused if h not in left)
-                self.write(format_event(event))
+
+    def _tell_events(self, events: list[Event]) -> None:
+        """Say each restart or resize of Ray Train's not said yet; a restart that followed
+        a hang the watch declared is told as that hang's. A restart said as it happened
+        (from run storage's newest checkpoint, the driver's knowledge then) whose new group
+        then loaded a node's snapshot, newer, is said again, settled."""
+        for event in events:
+            key = (event.type, event.time)
+            if key in self.told_events:
+                if self.told_events[key] is None and event.from_node is not None:
+                    self.told_events[key] = event.from_node
+                    self.write(format_settled(event))
+                continue
+            self.told_events[key] = event.from_node
+            unused = [h for h in self.hangs() if h.time not in self.hangs_told]
+            [event], left = attribute_hangs([event], unused)
+            self.hangs_told.update(h.time for h in unused if h not in left)
+            self.write(format_event(event))
+
+    def _show_report(self, p: Progress) -> None:
+        """Show ``p``'s report, if it is a new one: on the bar or as a line, and after it
+        an early stop's line."""
         # a write that only added an event or a new group's nodes is not a new report
         report = (p.step, p.report_time or p.time)
         if p.step is None or report == self.shown:
@@ -224,6 +263,7 @@ def _warn_once(write: Callable[[str], None]) -> Callable[[str], None]:
     said: set[str] = set()
 
     def say(line: str) -> None:
+        """Write ``line`` unless it was written already."""
         if line not in said:
             said.add(line)
             write(line)

@@ -56,6 +56,10 @@ class MetricsCallback(UserCallback):
         self._tracking_failed = False
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        if "group_started" in metrics[0]:  # a group resumed from a node's snapshot says so at once
+            self._settle_restart(metrics[0]["group_started"])
+            self._write_progress(self._progress_now(events=to_records(self._events)))
+            return
         store = resolve_storage(self.storage)
         folder = store.run_folder(self.name)
         windows = unpack_windows(metrics)
@@ -64,13 +68,16 @@ class MetricsCallback(UserCallback):
         # Windows end on fixed steps, so a restarted worker group (or a resumed run)
         # re-reports the very steps it redoes: its rows replace the earlier attempt's.
         # a new group's first row says where it resumed: the steps after it are redone,
-        # even where its first window ends later than the earlier attempt's did
-        resumed = windows[0][0].get("resumed_at")
+        # even where its first window ends later than the earlier attempt's did; the rows
+        # a snapshot or checkpoint carried (no report had sent them, an earlier group's
+        # first among them perhaps) come before it: the last window that opens a group
+        opening = next((w for w in reversed(windows) if w[0].get("started_at") is not None), windows[0])
+        resumed = opening[0].get("resumed_at")
         first_step = int(windows[0][0]["step"]) if resumed is None else min(int(windows[0][0]["step"]),
                                                                               int(resumed) + 1)
-        self._note_restart(windows[0])
+        self._note_restart(opening)
         self._worlds = [w for w in self._worlds if w[0] < first_step]
-        self._note_resize(windows[0])
+        self._note_resize(opening)
         self._record(first_step, windows)
         straggler = None
         for window in windows:
@@ -192,11 +199,15 @@ class MetricsCallback(UserCallback):
             self._events.append(restart_event(FailureSummary(-1, "?", None, ""), self._last_step, name,
                                               self.preempted_at(at)))
         self._restart_recorded = False
-        first = min(first_window, key=lambda m: m.get("rank", 0))  # rank 0's: where the group started
-        # a node's snapshot, newer than the checkpoint the restart was recorded with
-        if first.get("resumed_from_node") is not None and self._events and self._events[-1].restarted:
-            self._events[-1] = settle_restart(self._events[-1], int(first["resumed_at"]),
-                                              first.get("resumed_from"), first.get("resumed_from_node"))
+        self._settle_restart(min(first_window, key=lambda m: m.get("rank", 0)))  # rank 0's: where it started
+
+    def _settle_restart(self, started: dict[str, Any]) -> None:
+        """Where a new group's rank 0 says it loaded a node's in-memory snapshot (newer than
+        the checkpoint the restart was recorded with), the restart's event takes it and
+        the steps it redoes."""
+        if started.get("resumed_from_node") is not None and self._events and self._events[-1].restarted:
+            self._events[-1] = settle_restart(self._events[-1], int(started["resumed_at"]),
+                                              started.get("resumed_from"), started.get("resumed_from_node"))
 
     def _note_resize(self, first_window: list[dict[str, Any]]) -> None:
         """Record a resize when a new worker group runs at another world size than the

@@ -19,7 +19,8 @@ import functools
 import logging
 from typing import Any, Callable, Optional
 
-from ray_ddp.driver.events import checkpoint_step, restart_event
+from ray_ddp.checkpoint.names import checkpoint_step
+from ray_ddp.driver.events import restart_event
 from ray_ddp.driver.failures import summarize_failure
 from ray_ddp.observe.ray_hooks import ControllerCallback, FailureDecision, WorkerGroupCallback
 

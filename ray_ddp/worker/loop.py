@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from ray_ddp.checkpoint.format import restore_rng
 from ray_ddp.checkpoint.resume import check_ranks_resumed_alike
-from ray_ddp.checkpoint.snapshots import NodeSnapshots, node_folder
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.data.inputs import build_inputs
 from ray_ddp.config.callables import load_callable
@@ -41,8 +40,9 @@ from ray_ddp.worker.heartbeat import Heartbeat, group_id
 from ray_ddp.worker.parts import TrainParts, build_parts
 from ray_ddp.worker.preemption import PreemptionState, wait_for_restart
 from ray_ddp.worker.profile import ProfileState
-from ray_ddp.worker.report import Reporter, gather_rng
-from ray_ddp.worker.step import train_step, unused_parameters_error
+from ray_ddp.worker.report import Reporter
+from ray_ddp.worker.snapshotting import Snapshotter, node_snapshots
+from ray_ddp.worker.step import seed_step, train_step, unused_parameters_error
 from ray_ddp.worker.validate import Validator
 from ray_ddp.worker.window import WindowState, window_row
 
@@ -149,19 +149,35 @@ class WorkerRun:
         self.preemptions = PreemptionState()
         self.window = WindowState.start(device, parts.devices[-1])
         self.flops = (flops_per_token(parts.model), peak_flops(parts.devices))  # for mfu, once
-        self.snapshots = node_snapshots(cfg, parts.strategy, session, plan.snapshot_scope)
+        snapshots = node_snapshots(cfg, parts.strategy, session, plan.snapshot_scope)
+        self.snapshots = Snapshotter(snapshots, parts, state, self.run_record, rank, cut.world, self.reporter)
         self.snapshot_agreed = False  # the default cadence's: agreed at this step's window end
-        self.reporter.snapshots_by_cost = self.snapshots is not None and self.snapshots.every is None
+        self.reporter.snapshots_by_cost = snapshots is not None and snapshots.every is None
+        if len(state.rows) == cut.world:  # resumed from a snapshot: the rows it held go out first
+            self.reporter.carry(state.rows)
 
     def train(self) -> None:
+        try:
+            self._train()
+        except Exception as err:  # a peer lost: the state after the last whole step, saved on the node
+            self.snapshots.save_as_survivor(err)
+            raise
+
+    def _train(self) -> None:
         cfg, state = self.cfg, self.state
+        if state.loaded_from_node is not None:  # a node's snapshot: the restart's line says so now
+            self.reporter.say_started({"rank": self.rank, "resumed_at": state.step, "resumed_from": state.loaded_from,
+                                       "resumed_from_node": state.loaded_from_node})
+        self.snapshots.mark_whole()
         for epoch in range(state.epoch, cfg.epochs):
             if self.ended:  # --early-stop or --max-steps, after that step's report (or resumed there)
                 break
             for i in range(state.epoch_step, cfg.steps_per_epoch):  # >0 only on mid-epoch resume
                 self.profile.before_step(state.step + 1)
+                seed_step(cfg.seed, self.rank, state.step + 1)
                 train_step(self.parts, self.task, self.source, self.window, epoch, i, self.cut.grad_accum,
                            cfg.clip_grad, self.reporter.collective_device)
+                self.snapshots.mark_changing()
                 state.step += 1
                 state.epoch_step += 1
                 self.heartbeat.tick(state.step)
@@ -174,7 +190,9 @@ class WorkerRun:
                     self._within_epoch(epoch, i)
                 if self.ended:
                     break
-                self._snapshot()
+                self.snapshots.mark_whole()
+                agreed, self.snapshot_agreed = self.snapshot_agreed, False
+                self.snapshots.take(agreed, self.heartbeat)
         with self.heartbeat.meant_wait():
             self.profile.finish()  # a range past the run's last step ends with it
 
@@ -203,24 +221,6 @@ class WorkerRun:
         save = should_save(self.cfg, 0, step) or last or self.validator.stopped
         if save or evaluated is not None or (i + 1) % self.cfg.report_every == 0:
             self._close_window(epoch, save=save, epoch_end=False, evaluated=evaluated)
-
-    def _snapshot(self) -> None:
-        """--snapshot-every-steps: the state after this step (its window closed, an epoch's
-        end counted) copied into the node's memory; every rank gives its RNG, one rank per
-        node writes."""
-        agreed, self.snapshot_agreed = self.snapshot_agreed, False
-        if self.snapshots is None or not self.snapshots.due(self.state.step, agreed):
-            return
-        started = time.perf_counter()
-        with self.heartbeat.meant_wait():
-            self.state.rng = gather_rng(self.parts.devices, self.world_size)
-            if self.snapshots.writes:
-                self.snapshots.write(self.parts.model, self.parts.optimizer, self.parts.stateful(), self.state,
-                                     self.run_record, self.rank)
-                if self.snapshots.off_because is not None:
-                    print(self.snapshots.off_because, flush=True)
-                    self.snapshots.writes = False
-        self.reporter.note_snapshot(started)
 
     def _validate(self, epoch_done: int) -> dict:
         evaluated = self.validator.validate(epoch_done)
@@ -277,6 +277,8 @@ class WorkerRun:
                                                                        self.validator.stopped, last))
         elif agreed.send:
             self.reporter.send()
+        else:  # held until a report: on every rank, for a snapshot to keep
+            self.snapshots.share_rows()
         self.heartbeat.tick()
         if notice is not None and not last and not self.validator.stopped:
             with self.heartbeat.pause():
@@ -291,21 +293,6 @@ class WorkerRun:
                             device=self.reporter.collective_device)
         dist.all_reduce(flag)
         return not flag.item()
-
-
-def node_snapshots(cfg, strategy, session, scope: str) -> Optional[NodeSnapshots]:
-    """--snapshot-every-steps' writer (``writes`` on the lowest rank of each node: DDP's
-    replicas are alike), None when they are off. FSDP's shards are not snapshotted: its
-    runs restart from their checkpoints in storage (said once, by rank 0)."""
-    if cfg.snapshot_every_steps == 0:
-        return None
-    if strategy.checkpoint_format != "whole":
-        if session.rank == 0 and cfg.snapshot_every_steps is not None:  # asked for: said
-            print(f"--snapshot-every-steps: no in-memory snapshots under --strategy {strategy.name}; "
-                  "restarts resume from the checkpoints in storage", flush=True)
-        return None
-    return NodeSnapshots(node_folder(cfg.storage, cfg.name, scope), cfg.snapshot_every_steps,
-                         writes=session.local_rank == 0)
 
 
 def should_save(cfg, epoch_done: int, step: int) -> bool:

@@ -66,6 +66,8 @@ class Reporter:
         self.report_interval, self.save_every_s = report_interval, save_every_s
         self.collective_device = collective_device  # where a tensor for the backend lives
         self.unsent: list[dict[str, Any]] = []
+        # every rank's unsent rows, in rank order, where in-memory snapshots keep them (share_unsent)
+        self.group_unsent: list[list[dict[str, Any]]] = []
         self.last_sent = self.last_preemption_check = self.last_saved = time.perf_counter()
         self.writer = writer  # the strategy's (None on a rank that writes nothing)
         self.snapshots_by_cost = False  # the default cadence of snapshots (the loop sets it)
@@ -107,6 +109,24 @@ class Reporter:
     def add(self, row: dict[str, Any]) -> None:
         self.unsent.append(row)
 
+    def share_unsent(self) -> None:
+        """Every rank's unsent rows onto every rank (a collective: every rank calls it), so
+        that a snapshot or a survivor's save of this rank holds the rows of every rank that
+        no report has sent yet: a restart from it sends them, where a restart from a
+        checkpoint redoes their steps."""
+        self.group_unsent = [[] for _ in range(self.world_size)]
+        dist.all_gather_object(self.group_unsent, self.unsent)
+
+    def carry(self, rows: list[list[dict[str, Any]]]) -> None:
+        """The rows a snapshot held (every rank's), resumed from: they go out first."""
+        self.group_unsent = [[dict(row) for row in rank_rows] for rank_rows in rows]
+        self.unsent = [dict(row) for row in rows[self.rank]]
+
+    def say_started(self, fields: dict[str, Any]) -> None:
+        """A report without rows, at a group's start: where it resumed (every rank reports:
+        Ray's report is a barrier), so the driver's line says it before any window ends."""
+        self.session.report_and_wait({"group_started": fields})
+
     def send(self) -> None:
         self.session.report(self._payload())
 
@@ -118,12 +138,16 @@ class Reporter:
         and the last checkpoint, ``final``, also the whole model in model.pt)."""
         self.last_saved = time.perf_counter()  # --checkpoint-every-minutes counts from here
         state.rng = gather_rng(parts.devices, self.world_size)  # every rank's RNG goes into the file
+        # and every rank's rows this report sends: a checkpoint whose report Ray never took
+        # (its group died first) sends them again from the group that resumes from it
+        self.share_unsent()
         name = checkpoint_dir_name(state.step)
         if self.writer is None:  # a rank that writes nothing (DDP's ranks other than 0)
             self.session.report(self._payload(), checkpoint_name=name)
             return
         writer = self.writer
-        snapshot = writer.snapshot(parts.model, parts.optimizer, parts.stateful(), state, run, name, final)
+        snapshot = writer.snapshot(parts.model, parts.optimizer, parts.stateful(), state, run, name, final,
+                                   rows=self.group_unsent)
         self.session.report(self._payload(), checkpoint_name=name,
                             write=lambda dir_name: writer.write(snapshot, dir_name))
 
@@ -131,5 +155,5 @@ class Reporter:
         """The newest row at the top (Ray keeps it with a checkpoint), older unsent rows
         under ``earlier``; MetricsCallback unpacks them in order."""
         *earlier, latest = self.unsent
-        self.unsent, self.last_sent = [], time.perf_counter()
+        self.unsent, self.group_unsent, self.last_sent = [], [], time.perf_counter()
         return {**latest, "earlier": earlier} if earlier else latest

@@ -13,6 +13,7 @@ check ray_ddp's own arithmetic without paying for a Ray Train run.
 from __future__ import annotations
 
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -20,6 +21,10 @@ import ray
 import ray.train
 import ray.train.torch
 import torch
+
+
+# the longest a report waits to be taken by the controller (it polls every second: runtime_env.py)
+TAKEN_WITHIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,22 @@ class RayTrainSession:
         empty = ray.train.Checkpoint.from_directory(tempfile.mkdtemp(prefix="ray_ddp_ckpt_"))
         ray.train.report(metrics, checkpoint=empty, checkpoint_dir_name=checkpoint_name,
                          checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC, checkpoint_upload_fn=upload)
+
+    def report_and_wait(self, metrics: dict[str, Any]) -> None:
+        """Report ``metrics`` (no checkpoint) and wait, at most TAKEN_WITHIN_S, until Ray
+        Train's controller has taken them: Ray drops a report its controller has not yet
+        polled when the worker dies, and a group that fails at once must still have told
+        the driver where it started."""
+        ray.train.report(metrics, checkpoint=None)
+        try:  # Ray Train V2's queue of reports to the controller (one at most): internal
+            from ray.train.v2._internal.execution.context import get_train_context
+
+            reports = get_train_context().get_result_queue()
+        except Exception:  # moved in another Ray: the report still goes, unwaited
+            return
+        deadline = time.monotonic() + TAKEN_WITHIN_S
+        while reports.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def preemption(self) -> Optional[PreemptionNotice]:
         """A drain of a node of this run, or None. A barrier through Ray: every rank asks at once."""

@@ -16,6 +16,7 @@ backwards (DDP's gradient hooks, FSDP's gathers are collectives), adding nothing
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -28,6 +29,15 @@ from ray_ddp.tasks.batches import (batch_rows, count_tokens, first_row, forward,
                                    zero_like_graph)
 from ray_ddp.worker.parts import TrainParts
 from ray_ddp.worker.window import WindowState
+
+
+def seed_step(seed: int, rank: int, step: int) -> None:
+    """Seed this rank's RNG for global step ``step`` (from 1): its draws (dropout, a
+    collator's masks) are a function of the seed, the rank and the step, never of what
+    the process drew before, so the state after a step is whole without any rank's RNG:
+    a survivor's save (worker/snapshotting.py) goes on as an unbroken run would."""
+    digest = hashlib.blake2b(f"{seed}:{rank}:{step}".encode(), digest_size=8).digest()
+    torch.manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
 def train_step(parts: TrainParts, task: Task, source, window: WindowState, epoch: int, step: int,

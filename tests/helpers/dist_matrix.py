@@ -287,7 +287,7 @@ def check_a_mix_of_resumed_steps(rank: int, world: int) -> str:
 def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list) -> tuple:
     """ray_ddp's choice between run storage (step 10's checkpoint) and this rank's node's
     in-memory snapshots (``nodes[rank]``: its node's snapshot folder, RAY_DDP_SNAPSHOT_DIR):
-    the step each rank resumed at, the state's source and its node."""
+    the step each rank resumed at, the state's source, its node, and a sum of its weights."""
     import os
 
     from ray_ddp.checkpoint.resume import check_ranks_resumed_alike, load_checkpoint_to_resume
@@ -303,7 +303,7 @@ def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list)
     state = load_checkpoint_to_resume(cfg, "step-00000010", "step-00000010", None, build_strategy(cfg),
                                       model, optimizer, {}, node_id=f"node-{rank}")
     check_ranks_resumed_alike(state.step, lambda: weights_hash(model))
-    return state.step, state.loaded_from, state.loaded_from_node
+    return state.step, state.loaded_from, state.loaded_from_node, model.state_dict()["net1.weight"].sum().item()
 
 
 def snapshot_cadence_by_cost(rank: int, world: int) -> list:
@@ -322,6 +322,6 @@ def snapshot_cadence_by_cost(rank: int, world: int) -> list:
     seen.append(reporter.agree(False, False).snapshot)
     reporter.note_snapshot(time.perf_counter() - 1.0)  # it took a second
     seen.append(reporter.agree(False, False).snapshot)
-    reporter.last_snapshot -= 1.0 / SNAPSHOT_SHARE  # as long after it as it may cost
+    reporter.last_snapshot -= reporter.snapshot_s / SNAPSHOT_SHARE  # as long after it as it may cost
     seen.append(reporter.agree(False, False).snapshot)
     return seen

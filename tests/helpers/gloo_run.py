@@ -44,6 +44,7 @@ from ray_ddp.storage import resolve_storage
 from rank_procs import rank_context, start_rank
 
 RANK_TIMEOUT_S = 300.0  # the longest a rank may go without a report
+SURVIVORS_S = 2.0  # how long the ranks left of a failed fit may take to end
 
 
 def train_in_gloo(cfg, echo: Callable[[str], None] = lambda line: None, *, model: Any = None,
@@ -120,8 +121,11 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
                                      ray.train.Checkpoint(path, store.fs) if path else None)
                 handed += 1
     finally:
+        # a failed fit's survivors get the seconds Ray gives them (its controller notices a
+        # lost worker within 2 s, then waits for shutdown): their last word, a survivor's save
+        ends = time.monotonic() + (SURVIVORS_S if len(done) < world else 30)
         for proc in procs:
-            proc.join(timeout=0 if len(done) < world else 30)
+            proc.join(timeout=max(0.0, ends - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join()
@@ -155,6 +159,9 @@ class GlooSession:
         path = write(checkpoint_name) if write is not None else None
         self.reports.put(("report", self.rank, (metrics, path)))
         dist.barrier()
+
+    def report_and_wait(self, metrics: dict) -> None:
+        self.report(metrics)  # taken by the harness's loop in order: nothing to wait for
 
 
 def _rank_main(rank: int, world: int, init: str, plan, reports) -> None:

@@ -183,6 +183,32 @@ def batchnorm_net() -> nn.Module:
     return BatchNormNet()
 
 
+class BatchNormNetDyingInGroup(BatchNormNet):
+    """BatchNormNet whose rank 1 (of the process group: the gloo harness's too) SIGKILLs
+    itself at its ``at``-th training forward (0: never), after that forward has moved its
+    BatchNorm statistics: its peers meet the loss in the step's gradient all-reduce."""
+
+    def __init__(self, at: int = 0):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, x):
+        import os
+        import signal
+
+        import torch.distributed as dist
+
+        out = super().forward(x)
+        self.calls += self.training
+        if self.training and self.calls == self.at and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+
+def batchnorm_net_dying_in_group(at: int = 0) -> nn.Module:
+    return BatchNormNetDyingInGroup(at)
+
+
 class _InfGrad(torch.autograd.Function):
     """Identity forward; backward sends infinite gradients."""
 

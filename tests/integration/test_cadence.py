@@ -7,8 +7,11 @@ path of every other checkpoint on Ray: test_faults.py, test_recovery.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from ray_ddp.data.synth_files import write_synthetic
 
@@ -107,28 +110,36 @@ def test_a_run_ended_mid_epoch_by_max_steps_hashes_rank_0s_batchnorm_statistics_
     assert summary.steps == 13 and len(set(final_hashes(rows_of(summary)).values())) == 1
 
 
-def test_a_worker_lost_mid_epoch_redoes_at_most_a_step_from_the_nodes_snapshot(ray_local, storage, tmp_path):
-    """On Ray: rank 1 SIGKILLed during step 7 of a 10-step epoch, with no checkpoint before
-    the epoch's end but a snapshot in the node's memory every step: the new group resumes
-    from the snapshot of step 6 (a step's worth of work lost, not 6), the event and the
-    line say so, the run ends with the weights of one never killed, and its end drops the
-    snapshots from the node."""
+def test_a_survivor_saves_the_state_of_the_last_whole_step_when_its_peer_is_lost(storage, tmp_path, monkeypatch):
+    """Rank 1 SIGKILLed in step 7's forward, after it moved its BatchNorm statistics; rank
+    0 meets the loss in the step's gradient all-reduce and, before its error ends it,
+    writes the state after step 6 into its node's survivor slot: the weights, optimizer
+    and statistics of step 6 (not the half-done step 7's), the very tensors a run stopped
+    at step 6 checkpoints. No periodic snapshot was due (every 1000)."""
     import functools
-    import os
+    import json
 
-    from ray_ddp import run
-    from ray_ddp.checkpoint.snapshots import run_key, snapshot_root
-    from user_models import dies_on_rank_one
+    from ray_ddp.errors import TrainingError
+    from user_models import batchnorm_net_dying_in_group
 
-    cfg = small(storage, "snapshot-killed", epochs=1, snapshot_every_steps=1, max_failures=1, quiet=False,
-                hang_timeout=60)
-    lines: list[str] = []
-    summary = run(cfg, lines.append, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 7))
-    [event] = summary.events
-    assert (event["type"], event["rank"], event["restarted"]) == ("failure", 1, True), event
-    assert event["from_checkpoint"] == "step-00000006" and event["from_node"], (event, lines)
-    assert event["steps_lost"] <= 1, event
-    assert len([line for line in lines if line.startswith("failure after step")]) == 1, lines
-    never_killed = train_in_gloo(small(storage, "snapshot-never-killed", epochs=1))
-    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(never_killed))
-    assert not os.path.exists(os.path.join(snapshot_root(), run_key(cfg.storage, cfg.name)))
+    monkeypatch.setenv("RAY_DDP_SNAPSHOT_DIR", str(tmp_path / "shm"))
+    cfg = small(storage, "survivor", epochs=1, snapshot_every_steps=1000)
+    with pytest.raises(TrainingError):
+        train_in_gloo(cfg, model=functools.partial(batchnorm_net_dying_in_group, 7))
+    [meta] = list((tmp_path / "shm").rglob("survivor/meta.json"))
+    assert json.loads(meta.read_text())["step"] == 6
+    stopped = train_in_gloo(small(storage, "survivor-stopped", epochs=1, max_steps=6),
+                            model=functools.partial(batchnorm_net_dying_in_group, 0))
+    checkpoint = os.path.join(storage, "survivor-stopped", "step-00000006")
+    assert stopped.steps == 6
+    for name in ("model.pt", "train_state.pt"):
+        survivor = torch.load(meta.parent / name, weights_only=True)
+        stored = torch.load(os.path.join(checkpoint, name), weights_only=True)
+        if name == "train_state.pt":
+            survivor, stored = survivor["optimizer"]["state"], stored["optimizer"]["state"]
+            survivor, stored = [survivor[k]["momentum_buffer"] for k in sorted(survivor)], \
+                [stored[k]["momentum_buffer"] for k in sorted(stored)]
+        else:
+            assert set(survivor) == set(stored) and "bn1d.running_mean" in survivor
+            survivor, stored = [survivor[k] for k in sorted(survivor)], [stored[k] for k in sorted(stored)]
+        assert all(torch.equal(a, b) for a, b in zip(survivor, stored)), name

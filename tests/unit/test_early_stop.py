@@ -194,6 +194,7 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     from ray_ddp.worker import loop
     from ray_ddp.worker.heartbeat import Heartbeat
     from ray_ddp.worker.profile import ProfileState
+    from ray_ddp.worker.snapshotting import Snapshotter
 
     cfg = TrainConfig(epochs=10, steps_per_epoch=2, report_every=10, checkpoint_every=4, early_stop=2,
                       val_fraction=0.2)
@@ -203,7 +204,8 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     worker.parts = SimpleNamespace(strategy=SimpleNamespace(sync_buffers=lambda *a: None), model=None)
     worker.reporter = SimpleNamespace(collective_device=torch.device("cpu"))
     worker.window = SimpleNamespace(started=0.0)
-    worker.first_report, worker.task, worker.source, worker.snapshots = None, None, None, None
+    worker.first_report, worker.task, worker.source, worker.rank = None, None, None, 0
+    worker.snapshots = Snapshotter(None, worker.parts, worker.state, {}, 0, 1, worker.reporter)  # off
     worker.snapshot_agreed = False
     worker.heartbeat = Heartbeat(None, 0, "node", "127.0.0.1", 1.0)  # no watch: no thread
     worker.profile = ProfileState(None, 0, "unused", "unused", torch.device("cpu"))

@@ -26,8 +26,8 @@ def trained(step: int):
 
 def write(snapshots: NodeSnapshots, step: int, world: int = 2) -> None:
     model, optimizer = trained(step)
-    snapshots.write(model, optimizer, {}, TrainState(step=step, rng=[{"torch": torch.get_rng_state()}] * world),
-                    {}, rank=0)
+    snapshots.write(model, optimizer, {}, TrainState(step=step), {}, rank=0, world_size=world,
+                    rows=[[{"step": step, "rank": r}] for r in range(world)])
 
 
 def test_slots_are_written_in_turn_and_the_newest_whole_one_is_found(tmp_path):
@@ -84,10 +84,16 @@ def test_each_run_has_a_folder_of_its_own_and_its_end_drops_it(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("holders, expected", [
-    ((True, True), (15, "step-00000015", True)),  # every node holds it: newer than step 10's
-    ((True, False), (10, "step-00000010", False)),  # one node lost it: storage, on every rank
+    ((15, 15), (15, ["node-0", "node-1"])),  # every node holds it: newer than step 10's, each its own
+    ((15, None), (15, ["node-0", "node-0"])),  # one node lost it: sent from the other, to every rank
+    ((12, 15), (15, ["node-1", "node-1"])),  # the newest is on rank 1's node: rank 0's older one loses
+    ((8, None), (10, [None, None])),  # older than storage's step 10: run storage, on every rank
 ])
-def test_every_rank_resumes_from_a_snapshot_only_where_every_node_holds_it(tmp_path, holders, expected):
+def test_every_rank_resumes_from_the_newest_snapshot_on_any_node(tmp_path, holders, expected):
+    """The newest snapshot on any rank's node, newer than run storage's checkpoint, is what
+    every rank loads (the same weights: check_ranks_resumed_alike would stop them), sent
+    over the group to a node that lacks it and named by the node it came from; the copy
+    sent is removed once loaded."""
     from dist_matrix import resume_with_node_snapshots, run_on_ranks
     from ray_ddp.checkpoint.format import save_checkpoint
 
@@ -95,17 +101,19 @@ def test_every_rank_resumes_from_a_snapshot_only_where_every_node_holds_it(tmp_p
     save_checkpoint(str(tmp_path / "r" / "step-00000010"), model, optimizer, TrainState(step=10, rng=[]), {},
                     rank=0)
     nodes = [str(tmp_path / f"node{r}") for r in range(2)]
-    for node, holds in zip(nodes, holders):
+    for node, step in zip(nodes, holders):
         os.environ["RAY_DDP_SNAPSHOT_DIR"] = node
         try:
-            if holds:
-                write(NodeSnapshots(node_folder(str(tmp_path), "r"), every=1), 15)
+            if step is not None:
+                write(NodeSnapshots(node_folder(str(tmp_path), "r"), every=1), step)
         finally:
             del os.environ["RAY_DDP_SNAPSHOT_DIR"]
     got = run_on_ranks(2, resume_with_node_snapshots, str(tmp_path), nodes)
-    step, source, from_node = expected
-    assert [g[:2] for g in got] == [(step, source)] * 2
-    assert [g[2] for g in got] == ([f"node-{r}" for r in range(2)] if from_node else [None, None])
+    step, from_nodes = expected
+    assert [g[:2] for g in got] == [(step, f"step-{step:08d}")] * 2
+    assert [g[2] for g in got] == from_nodes
+    assert [g[3] for g in got] == [trained(step)[0].state_dict()["net1.weight"].sum().item()] * 2
+    assert not [p for p in tmp_path.rglob("fetched-*")]
 
 
 def test_the_default_cadence_keeps_snapshots_within_their_share_of_the_time():
