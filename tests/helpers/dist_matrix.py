@@ -284,9 +284,10 @@ def check_a_mix_of_resumed_steps(rank: int, world: int) -> str:
     return ""
 
 
-def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list) -> tuple:
+def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list, chunk: int = 0) -> tuple:
     """ray_ddp's choice between run storage (step 10's checkpoint) and this rank's node's
-    in-memory snapshots (``nodes[rank]``: its node's snapshot folder, RAY_DDP_SNAPSHOT_DIR):
+    in-memory snapshots (``nodes[rank]``: its node's snapshot folder, RAY_DDP_SNAPSHOT_DIR;
+    ``chunk``: the bytes of each broadcast of a snapshot sent to a node without it):
     the step each rank resumed at, the state's source, its node, and a sum of its weights."""
     import os
 
@@ -296,7 +297,10 @@ def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list)
     from ray_ddp.models.builtin import ToyModel
     from ray_ddp.parallel.build import build_strategy
 
+    import ray_ddp.checkpoint.snapshots as snapshots
+
     os.environ["RAY_DDP_SNAPSHOT_DIR"] = nodes[rank]
+    snapshots.FETCH_CHUNK = chunk or snapshots.FETCH_CHUNK  # small: a file sent in many broadcasts
     cfg = TrainConfig(storage=storage, name="r")
     model = ToyModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -105,3 +105,28 @@ def test_a_hook_that_fails_never_fails_the_run():
     recorder.after_worker_group_start(group(["10.0.0.1"]))
     recorder.after_worker_group_poll_status(dead(0))
     recorder.before_controller_execute_failure_decision(FailureDecision.RETRY)
+
+
+def test_a_group_resumed_from_a_nodes_snapshot_settles_its_restart_before_any_window(tmp_path):
+    """The new group's words before its first step (a report without rows): the restart's
+    event takes the snapshot it loaded, its node, and the step the failed group reached at
+    least (it wrote that snapshot), in progress.json at once; the driver says it again."""
+    from ray_ddp.driver.events import from_records
+    from ray_ddp.driver.progress import format_settled
+
+    metrics = fit_metrics(tmp_path)
+    recorder = RestartRecorder(metrics)
+    recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.2"]))
+    recorder.after_worker_group_poll_status(dead(1))
+    recorder.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    [told] = progress(tmp_path)["events"]
+    assert (told["step"], told["from_checkpoint"], told["from_node"]) == (0, None, None)  # what it knew
+    recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.2"]))
+    started = {"rank": 0, "resumed_at": 6, "resumed_from": "step-00000006", "resumed_from_node": "5d1e" * 10}
+    metrics.after_report(None, [{"group_started": started}, {"group_started": {**started, "rank": 1}}], None)
+    [event] = progress(tmp_path)["events"]
+    assert (event["step"], event["from_checkpoint"], event["from_node"], event["steps_lost"]) == \
+        (6, "step-00000006", "5d1e" * 10, 0)
+    assert not (tmp_path / "r" / "metrics.parquet").exists()  # no rows: nothing written but progress
+    [settled] = from_records([event])
+    assert format_settled(settled) == "failure after step 6: restarted from the snapshot of step 6 on node 5d1e5d1e…"

@@ -83,13 +83,13 @@ def test_each_run_has_a_folder_of_its_own_and_its_end_drops_it(tmp_path, monkeyp
     assert not os.path.exists(folder)
 
 
-@pytest.mark.parametrize("holders, expected", [
-    ((15, 15), (15, ["node-0", "node-1"])),  # every node holds it: newer than step 10's, each its own
-    ((15, None), (15, ["node-0", "node-0"])),  # one node lost it: sent from the other, to every rank
-    ((12, 15), (15, ["node-1", "node-1"])),  # the newest is on rank 1's node: rank 0's older one loses
-    ((8, None), (10, [None, None])),  # older than storage's step 10: run storage, on every rank
+@pytest.mark.parametrize("holders, expected, chunk", [
+    ((15, 15), (15, ["node-0", "node-1"]), 0),  # every node holds it: newer than step 10's, each its own
+    ((15, None), (15, ["node-0", "node-0"]), 0),  # one node lost it: sent from the other, to every rank
+    ((12, 15), (15, ["node-1", "node-1"]), 1000),  # the newest on rank 1's node, sent 1000 bytes at a time
+    ((8, None), (10, [None, None]), 0),  # older than storage's step 10: run storage, on every rank
 ])
-def test_every_rank_resumes_from_the_newest_snapshot_on_any_node(tmp_path, holders, expected):
+def test_every_rank_resumes_from_the_newest_snapshot_on_any_node(tmp_path, holders, expected, chunk):
     """The newest snapshot on any rank's node, newer than run storage's checkpoint, is what
     every rank loads (the same weights: check_ranks_resumed_alike would stop them), sent
     over the group to a node that lacks it and named by the node it came from; the copy
@@ -108,7 +108,7 @@ def test_every_rank_resumes_from_the_newest_snapshot_on_any_node(tmp_path, holde
                 write(NodeSnapshots(node_folder(str(tmp_path), "r"), every=1), step)
         finally:
             del os.environ["RAY_DDP_SNAPSHOT_DIR"]
-    got = run_on_ranks(2, resume_with_node_snapshots, str(tmp_path), nodes)
+    got = run_on_ranks(2, resume_with_node_snapshots, str(tmp_path), nodes, chunk)
     step, from_nodes = expected
     assert [g[:2] for g in got] == [(step, f"step-{step:08d}")] * 2
     assert [g[2] for g in got] == from_nodes
@@ -121,3 +121,27 @@ def test_the_default_cadence_keeps_snapshots_within_their_share_of_the_time():
     from dist_matrix import run_on_ranks, snapshot_cadence_by_cost
 
     assert run_on_ranks(2, snapshot_cadence_by_cost) == [[False, True, False, True]] * 2
+
+
+def test_one_survivor_per_node_saves_a_step_and_only_a_peers_loss_counts(tmp_path):
+    """The first rank of a node to claim a step writes its survivor's save (the others
+    return None: one copy per node), found as the newest snapshot of the run's world size;
+    a collective's failure is a peer lost (gloo's words, torch's DistError), another
+    error (a bad batch, an optimizer's) never is."""
+    import torch.distributed as dist
+
+    from ray_ddp.worker.snapshotting import peer_lost
+
+    snapshots = NodeSnapshots(str(tmp_path), every=None, writes=False)
+    model, optimizer = trained(7)
+    said = snapshots.write_survivor(model, optimizer, {}, TrainState(step=7), {}, rank=1, world_size=2)
+    assert said == "rank 1 saved the state of step 7 on its node as a peer was lost"
+    assert snapshots.write_survivor(model, optimizer, {}, TrainState(step=7), {}, rank=0, world_size=2) is None
+    found = newest_snapshot(str(tmp_path), world_size=2)
+    assert (os.path.basename(found.folder), found.step) == ("survivor", 7)
+    assert newest_snapshot(str(tmp_path), world_size=4) is None
+    gloo = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:45269: "
+            "Connection reset by peer")
+    assert peer_lost(RuntimeError(gloo)) and peer_lost(dist.DistBackendError("NCCL error"))
+    assert not peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not peer_lost(ValueError("Connection reset by peer"))
