@@ -10,8 +10,10 @@ and in paired rounds alternating which goes first:
              max_failures=1 (what `ray-ddp train --checkpoint-every-steps 5
              --snapshot-every-steps 0 --max-failures 1` runs; the Python API, so that the
              killing model below reaches the workers): checkpoints in run storage only
-  ray-ddp-snapshots  ray_ddp.run with in-memory snapshots every --snapshot-every steps (1)
-             and no step checkpoints: the restart loads the node's snapshot
+  ray-ddp-snapshots  ray_ddp.run with its in-memory snapshots (by default at the cadence
+             their cost allows; --snapshot-every K: every K steps) and no step checkpoints:
+             rank 0, rank 1's survivor, saves the state of step 44 as rank 1 dies, and the
+             restart loads it from the node's memory
 The job: an mlp (10 inputs, 2 hidden layers of 1024, 5 outputs), 2 CPU workers, 2 epochs
 of 30 steps of 32 rows per worker (ray-ddp's synthetic rows of seed 0, which the plain
 loop takes too), SGD (lr 0.05, momentum 0.9), the same initial weights; each training
@@ -36,7 +38,7 @@ optimizer-step hook that logs each finished step of rank 0 per process):
                    the checkpoints included.
 The figures are medians over the rounds, and each ray-ddp figure's paired ratio to
 ray-train's. Snapshots live in the node's /dev/shm, outside run storage: the snapshot arm
-reads back no checkpoint from storage. Survivors' saves at a failure are not built.
+reads back no checkpoint from storage.
 
     python benchmarks/recovery.py --rounds 3
 Linux only (inotify). The figures also go to benchmarks/results/recovery-<machine>-<date>.json
@@ -367,8 +369,8 @@ def main(argv=None) -> None:
     parser.add_argument("--kill-at", type=int, default=45, help="the global step (from 1) rank 1 dies in")
     parser.add_argument("--step-s", type=float, default=0.3, help="seconds each training forward sleeps")
     parser.add_argument("--every", type=int, default=5, help="ray-ddp's --checkpoint-every-steps")
-    parser.add_argument("--snapshot-every", type=int, default=1,
-                        help="the snapshot arm's --snapshot-every-steps")
+    parser.add_argument("--snapshot-every", type=int, default=None,
+                        help="the snapshot arm's --snapshot-every-steps (default: ray-ddp's own cadence)")
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
     from _results import add_result_args, rounds_by, save_result
@@ -398,8 +400,9 @@ def main(argv=None) -> None:
     setup = (f"mlp {INPUT_DIM}-{args.width}x2-{OUTPUT_DIM}, 2 CPU workers, {args.epochs} epochs of "
              f"{args.steps_per_epoch} steps of {args.batch_size} rows, {args.step_s:g} s per step; rank 1 "
              f"SIGKILLed in step {args.kill_at}; ray-train: a checkpoint per epoch; ray-ddp: "
-             f"--checkpoint-every-steps {args.every}; ray-ddp-snapshots: --snapshot-every-steps "
-             f"{args.snapshot_every}; one local Ray, {os.cpu_count()} CPUs")
+             f"--checkpoint-every-steps {args.every}; ray-ddp-snapshots: "
+             + (f"--snapshot-every-steps {args.snapshot_every}" if args.snapshot_every else "the default snapshots")
+             + f"; one local Ray, {os.cpu_count()} CPUs")
     result = summarize(results, per_round, setup, args.rounds)
     print_table(result)
     save_result(args, "recovery", result, per_round)

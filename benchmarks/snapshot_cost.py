@@ -1,5 +1,5 @@
 """What in-memory snapshots cost a run that never fails: steady samples/s with them off,
-at the default cadence (by cost, at most 2 % of the time) and every step.
+at the default cadence (by cost, at most 1 % of the time) and every step.
 
 One job, three arms, on one local Ray that this script starts (loopback only), in paired
 rounds rotating which goes first: ray_ddp.run with 2 CPU workers, an mlp (10 inputs, 2

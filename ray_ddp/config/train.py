@@ -215,11 +215,12 @@ class TrainConfig:
         "too: decided at a metrics window's end (--report-every) on rank 0's clock, and taken by "
         "every rank together", default=None)
     snapshot_every_steps: Optional[int] = _opt(
-        "copy the training state into the node's shared memory every this many global steps (one "
-        "copy per node; two kept), where it outlives the workers: a worker group restarted on the "
-        "same nodes resumes from it, not from the last checkpoint in storage, and redoes fewer "
-        "steps; 0: off; default: at metrics windows' ends, as often as keeps their cost within 2 percent "
-        "of the training time (rank 0 times each one)", default=None)
+        "copy the training state into the node's shared memory every this many global steps (one copy "
+        "per node; two kept), where it outlives the workers; a rank whose peer dies also saves the state "
+        "of the last whole step there (DDP): a restarted worker group resumes from the newest on any "
+        "node, sent over the group to nodes without it, and redoes at most the step under way; 0: off, "
+        "survivors' saves too; default: at metrics windows' ends, as often as keeps their cost within 1 "
+        "percent of the training time (rank 0 times each one)", default=None)
     report_every: int = _opt("steps per metrics row: each rank's loss and timing are summed over this "
                              "many steps (every epoch end closes a row too)", default=10)
     report_interval: float = _opt(

@@ -174,7 +174,7 @@ class WorkerRun:
                 break
             for i in range(state.epoch_step, cfg.steps_per_epoch):  # >0 only on mid-epoch resume
                 self.profile.before_step(state.step + 1)
-                seed_step(cfg.seed, self.rank, state.step + 1)
+                seed_step(cfg.seed, self.rank, state.step + 1, self.parts.devices)
                 train_step(self.parts, self.task, self.source, self.window, epoch, i, self.cut.grad_accum,
                            cfg.clip_grad, self.reporter.collective_device)
                 self.snapshots.mark_changing()

@@ -201,7 +201,8 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     worker = loop.WorkerRun.__new__(loop.WorkerRun)
     worker.cfg, worker.state, worker.cut = cfg, TrainState(), BatchPlan(32, 32).cut(1)
     worker.last_step = 20
-    worker.parts = SimpleNamespace(strategy=SimpleNamespace(sync_buffers=lambda *a: None), model=None)
+    worker.parts = SimpleNamespace(strategy=SimpleNamespace(sync_buffers=lambda *a: None), model=None,
+                                   devices=[torch.device("cpu")])
     worker.reporter = SimpleNamespace(collective_device=torch.device("cpu"))
     worker.window = SimpleNamespace(started=0.0)
     worker.first_report, worker.task, worker.source, worker.rank = None, None, None, 0
