@@ -14,6 +14,8 @@ reading and writing go through ``storage.py``, whatever the filesystem.
       metrics.parts/    the rows of the latest checkpoints, not yet folded into
                         metrics.parquet (observe/metrics_table.py)
       eval.parquet      a row per validation (observe/callback.py)
+      wandb.json        --wandb: the W&B run's id and the last step logged (trackers/wandb.py)
+      wandb/            --wandb: W&B's own files (an offline run's, for `wandb sync`)
       profile/          --profile's Chrome traces, rank-<r>.pt.trace.json (worker/profile.py)
       hangs/<step>/     the hang watch's stacks and flight records (driver/hangs.py)
       step-<n>/         a checkpoint, written through Ray Train (checkpoint/)
@@ -32,6 +34,7 @@ METRICS_PARTS_FOLDER = "metrics.parts"
 EVAL_FILE = "eval.parquet"
 PROFILE_FOLDER = "profile"
 HANGS_FOLDER = "hangs"
+WANDB_FILE = "wandb.json"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ class RunFolder:
     @property
     def evals(self) -> str:
         return self._in(EVAL_FILE)
+
+    @property
+    def wandb(self) -> str:
+        return self._in(WANDB_FILE)
 
     @property
     def profile(self) -> str:
@@ -127,7 +134,7 @@ class Progress:
     """progress.json: the latest report of all ranks, rewritten by the metrics callback
     after each one, and when a worker group starts or is restarted; the driver polls it
     (docs/run-folder.md gives each key). Before a run's first report only ``time``,
-    ``nodes``, ``events``, ``preemptions`` and ``mlflow_failed`` are known, and only they
+    ``nodes``, ``events``, ``preemptions`` and the trackers that failed are known, and only they
     are written."""
 
     time: float  # of this write (an event moves it; ``report_time`` is the report's)
@@ -149,6 +156,7 @@ class Progress:
     preemptions: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # restarts within this fit
     mlflow_failed: bool = False
+    trackers_failed: list[str] = field(default_factory=list)  # their labels (trackers/base.py)
     nodes: dict[str, Optional[str]] = field(default_factory=dict)  # rank -> node id
     report_time: Optional[float] = None
 

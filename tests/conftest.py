@@ -26,6 +26,8 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 # cluster's processes get Ray's default back (_cluster.py), as does the default-job CLI
 # test; every other run saves the process.
 os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
+# W&B never goes online from a test: --wandb runs write their offline files, read back.
+os.environ["WANDB_MODE"] = "offline"
 # Variables set here for in-process runs that a production-like subprocess must not get.
 TEST_ONLY_ENV = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER",)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, Callable, Optional
 import pyarrow.fs as pafs
 from torch import nn
@@ -29,6 +30,8 @@ class CheckpointWriter:
         self._idle.set()
         self._latest: Optional[CheckpointSnapshot] = None
         self._reusable: Optional[CheckpointSnapshot] = None  # written for good: free memory
+        # what the newest checkpoints cost, until a metrics row takes it (take_timings)
+        self._timings: dict[str, float] = {}
 
     def idle(self) -> bool:
         return self._idle.is_set()
@@ -39,12 +42,14 @@ class CheckpointWriter:
         """Wait for the previous upload (the only wait training has), then copy the state
         (rank 0's: the writer's; the whole model is always in it, whatever ``final``), with
         ``rows``, every rank's metrics rows its report sends."""
+        started = time.perf_counter()
         self._idle.wait()
         self._idle.clear()
         reuse, self._reusable = self._reusable, None
         self._latest = snapshot_checkpoint(model, optimizer, state, run, 0, stateful, reuse=reuse)
         if rows:
             self._latest.train_state["rows"] = rows
+        self._timings["checkpoint_save_s"] = time.perf_counter() - started
         return self._latest
 
     def write(self, snapshot: CheckpointSnapshot, dir_name: str) -> str:
@@ -52,14 +57,23 @@ class CheckpointWriter:
         on Ray's upload thread, perhaps again for the same snapshot when Ray retries."""
         try:
             _lower_thread_priority()  # the training thread comes first for the CPU
+            started = time.perf_counter()
             path = self.path_for(dir_name)
             write_checkpoint(path, snapshot, self.fs)
+            self._timings["checkpoint_upload_s"] = time.perf_counter() - started
         except BaseException:
             self._finished(snapshot)  # not reusable: a retry may still read it
             raise
         self._reusable = snapshot
         self._finished(snapshot)
         return path
+
+    def take_timings(self) -> dict[str, float]:
+        """The seconds the newest checkpoint's copy stalled training (``checkpoint_save_s``:
+        the wait for the previous upload included) and its write took
+        (``checkpoint_upload_s``), each once, for the next metrics row."""
+        taken, self._timings = self._timings, {}
+        return taken
 
     def _finished(self, snapshot: CheckpointSnapshot) -> None:
         if snapshot is self._latest:  # a late retry of an older one says nothing of the newest

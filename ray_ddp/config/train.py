@@ -6,11 +6,11 @@ rebuilt from the plain dict the driver ships, on workers.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 from ray_ddp.config.checks import validate_config
 from ray_ddp.config.choices import BACKENDS, STRATEGIES, TASKS, AMP_MODES, OPTIMIZERS, SCHEDULES
+from ray_ddp.config.reading import coerce_value, read_yaml_mapping
 from ray_ddp.config.workers import parse_workers
 from ray_ddp.errors import ConfigError
 
@@ -265,6 +265,15 @@ class TrainConfig:
     mlflow_parent_run: Optional[str] = _opt(
         "with --mlflow: the id of an MLflow run to nest this run's under (`ray-ddp tune` nests "
         "each trial under its search's run)", default=None)
+    wandb: Optional[str] = _opt(
+        "also track the run in Weights & Biases, in this project: the resolved config, every "
+        "metrics window by step (each rank's step time and throughput too), the summary and "
+        "the events; the W&B run's id is the run folder's own, so a resume continues it "
+        "(WANDB_MODE=offline writes <run>/wandb/ for `wandb sync`); needs ray_ddp[wandb]", default=None)
+    wandb_entity: Optional[str] = _opt("with --wandb: the W&B entity (team or user); W&B's default if unset",
+                                       default=None)
+    wandb_group: Optional[str] = _opt("with --wandb: the W&B group of the run (`ray-ddp tune` groups each "
+                                      "search's trials by its name)", default=None)
     tensorboard: bool = _opt("also write the metrics as TensorBoard event files in <run>/tensorboard/ "
                              "(local storage)", default=False)
     # --- output ---
@@ -284,30 +293,13 @@ class TrainConfig:
                 raise ConfigError(
                     f"unknown config key '{key}'; known keys: {', '.join(sorted(known))}"
                 )
-            kwargs[name] = _coerce(known[name], value, key)
+            kwargs[name] = coerce_value(known[name], value, key)
         return cls(**kwargs)
 
     @classmethod
     def from_yaml(cls, path: str, overrides: Optional[dict[str, Any]] = None) -> "TrainConfig":
         """Read a YAML mapping of config keys; ``overrides`` (the flags given) win."""
-        import yaml
-
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file not found: {path}; pass an existing YAML file to --config")
-        try:
-            with open(path) as f:
-                values = yaml.safe_load(f)
-        except yaml.YAMLError as err:
-            where = getattr(err, "problem_mark", None)
-            at = f" at line {where.line + 1}" if where is not None else ""
-            raise ConfigError(f"config file {path} is not valid YAML{at}; fix the syntax") from None
-        except OSError as err:
-            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-        if values is None:
-            values = {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of keys to values")
-        return cls.from_dict({**values, **(overrides or {})})
+        return cls.from_dict({**read_yaml_mapping(path), **(overrides or {})})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -321,30 +313,3 @@ class TrainConfig:
         validate_config(checked)
         return checked
 
-
-def _coerce(f: dataclasses.Field, value: Any, key: str) -> Any:
-    """Turn a YAML/JSON value into the field's type, or say which key is wrong."""
-    kind = str(f.type)
-    if value is None:
-        if "Optional" in kind:
-            return None
-        raise ConfigError(f"config key '{key}' needs a value")
-    if "parse" in f.metadata:
-        return f.metadata["parse"](value)
-    try:
-        if "bool" in kind:
-            if isinstance(value, bool):
-                return value
-            raise ValueError
-        if "int" in kind:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if "float" in kind:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        want = kind.replace("Optional[", "").rstrip("]")
-        raise ConfigError(f"config key '{key}' must be {want}, got {value!r}") from None

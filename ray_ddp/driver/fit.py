@@ -25,7 +25,6 @@ from ray_ddp.driver.status import read_events, write_status
 from ray_ddp.errors import StorageError, TrainingError
 from ray_ddp.worker.collectives import start_up_timeout_s
 from ray_ddp.observe.metrics_table import fold_metrics, read_metrics
-from ray_ddp.observe.mlflow_tracking import resume_tracking
 from ray_ddp.observe.summarize import world_stretches
 
 
@@ -36,7 +35,7 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
     """TorchTrainer.fit() with progress shown, and status.json telling where it stands;
     started again from the newest checkpoint when ``failures`` says the run goes on.
     ``init_from``: a new run's first weights; ``model_loss``: batches hand the model its
-    labels (WorkerPlan); ``tracking``: --mlflow's run; ``ray_inputs``: the trainer's Ray
+    labels (WorkerPlan); ``tracking``: the run's Trackers; ``ray_inputs``: the trainer's Ray
     Datasets, their DataConfig and the workers' RayDataConfig (data/ray_data.py);
     ``fit``: what runs the workers, ``fit_on_ray`` (a TorchTrainer) unless the caller
     brings its own (the tests' gloo harness: plain processes, for ray_ddp's own code)."""
@@ -60,11 +59,13 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
                         plan = plan_workers(run, scan, objects, init_from, model_loss, monitor.actor,
                                             ray_inputs[2] if ray_inputs else None)
                         # the steps an earlier fit's controller logged (it is gone): not logged twice
-                        tracking = resume_tracking(tracking) if tracking is not None else None
+                        tracking = tracking.resume() if tracking is not None else None
                         (fit or fit_on_ray)(cfg, store, placement, plan, objects, tracking, ray_inputs)
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
                     told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())
                     events.extend(told)
+                    for hang in (e for e in told if e.type == "hang" and tracking is not None):
+                        tracking.log_event(hang)  # the controller counted its restart, not the hang
                     fold_metrics_after_fit(store, run.folder)
                 break
             except TrainingError as err:
@@ -80,6 +81,8 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
                 if pending:
                     event = restarted_after_hang(pending[-1], event)
                 events.append(event)
+                if tracking is not None:
+                    tracking.log_event(event)
                 if not decision.restart:
                     err.args = (str(err) + decision.reason,)
                     raise
@@ -176,8 +179,8 @@ def fit_on_ray(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfi
     from ray_ddp.observe.callback import MetricsCallback
     from ray_ddp.observe.restarts import RestartRecorder
 
-    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.last_step, tensorboard=cfg.tensorboard,
-                              keep=cfg.keep, keep_best=cfg.keep_best, tracking=tracking)
+    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.last_step,
+                              keep=cfg.keep, keep_best=cfg.keep_best, trackers=tracking)
     trainer = RayDdpTrainer(
         train_loop_per_worker,
         train_loop_config=plan,

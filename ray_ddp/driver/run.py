@@ -72,7 +72,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         if ray_data:
             ensure_cpu_for_ray_data(placement)
         announce(plan, placement, start, store, echo)
-        tracking = open_run_tracking(plan.run_config(), start.run_id, store.uri_of(cfg.name))
+        tracking = open_run_tracking(plan.run_config(), start.run_id, store)
         ray_inputs = plan_ray_data(cfg, data_shape, train_data, val_data)  # Ray Datasets go to the trainer
         marks["fit"] = time.time()
         try:

@@ -1,7 +1,8 @@
-"""--mlflow on the driver: the server checked before Ray starts, the MLflow run opened
-with the resolved config once the workers are placed, and at the end the events, the
-summary, the final model and the run's status. Runs on the driver; the metrics windows
-go from Ray Train's controller (observe/callback.py), the one place that sees them all.
+"""The run's trackers on the driver: each one's requirements checked before Ray starts,
+the trackers opened (started, or resumed) with the resolved config once the workers are
+placed, and finished at the end with the events, the summary, the final model and the
+run's status. Runs on the driver; the metrics windows go from Ray Train's controller
+(observe/callback.py), the one place that sees them all.
 """
 
 from __future__ import annotations
@@ -15,48 +16,54 @@ from ray_ddp.storage import StorageConfig
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import Event
-from ray_ddp.observe.mlflow_tracking import INSTALL_HINT, check_server, finish_tracking, log_events, open_tracking
+from ray_ddp.trackers.base import Tracker, Trackers
+from ray_ddp.trackers.mlflow import INSTALL_HINT, check_server, open_mlflow
+from ray_ddp.trackers.ray_metrics import RayMetricsTracker
+from ray_ddp.trackers.tensorboard import TensorBoardTracker
+from ray_ddp.trackers.wandb import check_wandb, open_wandb
 
 
 def check_tracking(cfg: TrainConfig) -> None:
-    """One line now, before Ray starts, if mlflow or an http server is missing."""
+    """One line now, before Ray starts, if mlflow, wandb or an http server is missing."""
     if cfg.mlflow:
         try:
             import mlflow  # noqa: F401
         except ImportError:
             raise ConfigError(INSTALL_HINT) from None
         check_server(cfg.mlflow)
+    check_wandb(cfg)
 
 
-def open_run_tracking(cfg: TrainConfig, identity: str, location: str):
-    """The run's MLflow run (the same one a resume of this run folder continues, found by
-    the folder's ``identity``), its params the config as resolved for this cluster; None
-    without --mlflow."""
-    if not cfg.mlflow:
-        return None
+def open_run_tracking(cfg: TrainConfig, identity: str, store: StorageConfig) -> Trackers:
+    """The run's trackers: Ray's metrics always, and those the flags name, each the same
+    tracker run a resume of this run folder continues (found by the folder's
+    ``identity``), its config the one resolved for this cluster."""
+    trackers: list[Tracker] = [RayMetricsTracker(cfg.name)]
+    if cfg.mlflow:
+        trackers.append(open_mlflow(cfg, identity, store.uri_of(cfg.name)))
+    if cfg.wandb:
+        trackers.append(open_wandb(cfg, identity, store))
+    if cfg.tensorboard:
+        trackers.append(TensorBoardTracker(store.path_on_disk(cfg.name)))
+    return Trackers(trackers)
 
-    return open_tracking(cfg.mlflow, cfg.name, cfg.to_dict(), cfg.mlflow_experiment, identity=identity,
-                         location=location, parent=cfg.mlflow_parent_run)
 
-
-def close_run_tracking(tracking, store: StorageConfig, cfg: TrainConfig, summary: Optional[dict],
-                       events: list[Event], status: str, echo: Callable[[str], None]) -> None:
-    """The events, the summary's numbers and (local storage) the final model.pt; the
-    MLflow run ended with ``status``. A server that failed is a warning, never an error:
-    the run itself is in its folder."""
-    if tracking is None:
+def close_run_tracking(trackers: Optional[Trackers], store: StorageConfig, cfg: TrainConfig,
+                       summary: Optional[dict], events: list[Event], status: str,
+                       echo: Callable[[str], None]) -> None:
+    """The events, the summary's numbers and (local storage) the final model.pt; each
+    tracker's run ended with ``status``. A tracker that failed, here or in the
+    controller, is a warning, never an error: the run itself is in its folder."""
+    if trackers is None:
         return
-
-    run_path = store.run_path(cfg.name)
     model = None
     if summary and summary.get("checkpoint") and store.is_local:
         candidate = os.path.join(store.path_on_disk(cfg.name), summary["checkpoint"].rsplit("/", 1)[-1],
                                  MODEL_FILE)
         model = candidate if os.path.exists(candidate) else None
-    ok = log_events(tracking, events) if events else True
-    ok = finish_tracking(tracking, summary or {}, status, model) and ok
-    progress = read_progress(store, run_path)
-    ok = ok and not (progress and progress.mlflow_failed)
-    if not ok:
-        echo(f"warning: MLflow at {cfg.mlflow} did not take all of run {cfg.name} (is the server up?); "
-             f"the run's folder holds everything: {run_path}")
+    trackers.finish(summary or {}, events, status, model)
+    progress = read_progress(store, store.run_path(cfg.name))
+    failed = dict.fromkeys(trackers.failed + (progress.trackers_failed if progress else []))
+    for label in failed:
+        echo(f"warning: {label} did not take all of run {cfg.name} (is it up, and reachable from the cluster?); "
+             f"the run's folder holds everything: {store.run_path(cfg.name)}")

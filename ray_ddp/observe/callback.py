@@ -1,5 +1,5 @@
-"""MetricsCallback: every rank's metrics, from ray.train.report to the run folder.
-Runs inside Ray Train's controller actor (not the driver).
+"""MetricsCallback: every rank's metrics, from ray.train.report to the run folder and the
+run's trackers. Runs inside Ray Train's controller actor (not the driver).
 """
 
 from __future__ import annotations
@@ -21,21 +21,19 @@ from ray_ddp.driver.failures import FailureSummary
 from ray_ddp.observe.schema import EVAL_SCHEMA, eval_row, unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report
-from ray_ddp.observe.tensorboard import write_tensorboard_rows
-from ray_ddp.observe.mlflow_tracking import log_window
+from ray_ddp.trackers.base import Trackers, Window
 
 
 class MetricsCallback(UserCallback):
     """Collects every rank's report into the run folder: the metrics table (each report's
     rows in storage before the next report), the validation table, progress.json, and the restarts and resizes
-    it sees; passes the windows on to MLflow and TensorBoard."""
+    it sees; passes the windows and events on to the run's trackers (trackers/)."""
 
     def __init__(self, storage: str, name: str, epochs: int, total_steps: int,
-                 tensorboard: bool = False, keep: int = 0, keep_best: bool = False, tracking=None):
+                 keep: int = 0, keep_best: bool = False, trackers: Optional[Trackers] = None):
         self.storage, self.name = storage, name
         self.total_steps = total_steps
         self.epochs = epochs
-        self.tensorboard = tensorboard
         self.keep, self.keep_best = keep, keep_best  # with keep_best, Ray keeps all: we prune
         self._table = MetricsAppender()  # the open part of metrics.parquet and when to fold
         # (step, world size) of each window so far, earlier commands' included: read
@@ -51,9 +49,7 @@ class MetricsCallback(UserCallback):
         self._last_step: Optional[int] = None  # the last step reported in this fit
         self._group_step: Optional[int] = None  # the last step the running worker group reported
         self._last_checkpoint: Optional[tuple[str, int]] = None  # (its folder, its step)
-        self._tb = None
-        self.tracking = tracking  # --mlflow's MlflowConfig; None once the server failed
-        self._tracking_failed = False
+        self.trackers = trackers if trackers is not None else Trackers([])
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         if "group_started" in metrics[0]:  # a group resumed from a node's snapshot says so at once
@@ -82,14 +78,12 @@ class MetricsCallback(UserCallback):
         straggler = None
         for window in windows:
             straggler = self._stragglers.update(window)
-            self._track(window)
+            self.trackers.log_window(Window(int(window[0]["step"]), window, summarize_report(
+                window, self.epochs, self.total_steps, checkpoint=None)))
         progress = self._progress_after(windows, checkpoint, straggler)
         self._write_progress(progress)
-        if self.tensorboard:
-            for window in windows:
-                self._write_tensorboard(store.path_on_disk(self.name), window)
-            if progress.step >= self.total_steps or progress.early_stop:
-                self._close_tensorboard()
+        if progress.step >= self.total_steps or progress.early_stop:
+            self.trackers.close()
         # every report's rows reach storage before the next report: a failure, an
         # interruption or a killed driver loses none of the rows that explain it
         try:
@@ -142,7 +136,7 @@ class MetricsCallback(UserCallback):
         return Progress(
             **report, straggler=straggler, preemptions=self._preemptions,
             events=to_records(self._events),  # restarts Ray Train made itself (--max-failures)
-            mlflow_failed=self._tracking_failed, nodes=self._nodes,
+            **self._trackers_failed(), nodes=self._nodes,
             report_time=report["time"])  # "time" also moves with a later event
 
     # What observe/restarts.py's RestartRecorder (the same controller) reads and records.
@@ -173,12 +167,18 @@ class MetricsCallback(UserCallback):
     def add_event(self, event: Event) -> None:
         """A restart, in progress.json at once: the driver says it as it happens."""
         self._events.append(event)
+        self.trackers.log_event(event)
         self._restart_recorded = True
         self._write_progress(self._progress_now(events=to_records(self._events), nodes=self._nodes))
 
     def _progress_now(self, **changes) -> Progress:
         """The last progress.json with ``changes``, written now (none yet: only them)."""
-        return dataclasses.replace(self._progress or Progress(time.time()), time=time.time(), **changes)
+        return dataclasses.replace(self._progress or Progress(time.time()), time=time.time(),
+                                   **{**self._trackers_failed(), **changes})
+
+    def _trackers_failed(self) -> dict[str, Any]:
+        failed = self.trackers.failed
+        return {"trackers_failed": list(failed), "mlflow_failed": any(f.startswith("MLflow") for f in failed)}
 
     def _write_progress(self, progress: Progress) -> None:
         """progress.json whole; its ``time`` changes at each write (the driver polls it)."""
@@ -198,6 +198,7 @@ class MetricsCallback(UserCallback):
             name, at = self._last_checkpoint or (None, 0)
             self._events.append(restart_event(FailureSummary(-1, "?", None, ""), self._last_step, name,
                                               self.preempted_at(at)))
+            self.trackers.log_event(self._events[-1])
         self._restart_recorded = False
         self._settle_restart(min(first_window, key=lambda m: m.get("rank", 0)))  # rank 0's: where it started
 
@@ -220,37 +221,7 @@ class MetricsCallback(UserCallback):
         if before != after:
             self._events.append(Event("resize", time.time(), int(last), None, None,
                                       f"world size {before} -> {after}"))
-
-    def _track(self, window: list[dict[str, Any]]) -> None:
-        """--mlflow: the window over every rank as MLflow metrics at its step; on the
-        server's first failure, stop (the driver warns; metrics.parquet holds them all)."""
-        if self.tracking is None:
-            return
-        step = int(window[0]["step"])
-        if step <= self.tracking.logged_until:  # redone after a restart, or logged by an earlier command
-            return
-
-        report = summarize_report(window, self.epochs, self.total_steps, checkpoint=None)
-        metrics = {k: report.get(k) for k in ("loss", "samples_per_s", "accuracy", "perplexity", "val_loss",
-                                              "val_accuracy", "val_perplexity")}
-        if not log_window(self.tracking, report["step"], {**metrics, "lr": window[0].get("lr")}):
-            self.tracking, self._tracking_failed = None, True
-        else:
-            self.tracking = dataclasses.replace(self.tracking, logged_until=step)
+            self.trackers.log_event(self._events[-1])
 
     def after_exception(self, run_context, worker_exceptions) -> None:
-        self._close_tensorboard()
-
-    def _close_tensorboard(self) -> None:
-        """tensorboardX writes from a queue in a thread; flush() does not drain the queue,
-        close() does: without it the last report's events are lost with the controller."""
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-
-    def _write_tensorboard(self, run_dir: str, metrics: list[dict[str, Any]]) -> None:
-        if self._tb is None:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(logdir=f"{run_dir}/tensorboard")
-        write_tensorboard_rows(self._tb, metrics)
+        self.trackers.close()

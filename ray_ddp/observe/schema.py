@@ -14,7 +14,7 @@ COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_p
            "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash", "max_rss_mb",
            "gpu_max_mb", "started_at", "first_step_at", "accuracy", "perplexity", "preempted_node",
            "preemption_deadline", "units", "early_stopped", "tokens", "tokens_per_s", "data_wait_s",
-           "data_wait_share", "grad_norm", "mfu")
+           "data_wait_share", "grad_norm", "mfu", "checkpoint_save_s", "checkpoint_upload_s")
 
 
 SCHEMA = pa.schema([
@@ -40,6 +40,10 @@ SCHEMA = pa.schema([
     ("data_wait_s", pa.float64()), ("data_wait_share", pa.float64()),
     # the window's mean gradient norm before clipping; model FLOPs utilisation (GPU, token tasks)
     ("grad_norm", pa.float64()), ("mfu", pa.float64()),
+    # on a writing rank's first row after a checkpoint: the training thread's stall for its
+    # copy (the wait for the previous upload included), and its write into run storage
+    # (on a later row if it was still writing)
+    ("checkpoint_save_s", pa.float64()), ("checkpoint_upload_s", pa.float64()),
 ])
 
 

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ray_ddp.config.reading import read_yaml_mapping
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import ConfigError
 
@@ -25,7 +26,8 @@ TUNE_KEYS = ("search", "scheduler", "metric", "grace_epochs", "trials", "concurr
 _OUTPUT, _TRACKING = "it is output, not a hyperparameter", "tracking is the experiment's"
 UNSEARCHABLE = {"name": "tune names every trial's run itself", "address": "trials run on tune's Ray",
                 "storage": "every trial lives under the experiment's storage", "mlflow": _TRACKING,
-                "mlflow_experiment": _TRACKING, "mlflow_parent_run": _TRACKING, "json": _OUTPUT, "quiet": _OUTPUT,
+                "mlflow_experiment": _TRACKING, "mlflow_parent_run": _TRACKING, "wandb": _TRACKING,
+                "wandb_entity": _TRACKING, "wandb_group": _TRACKING, "json": _OUTPUT, "quiet": _OUTPUT,
                 "verbose": _OUTPUT, "profile": _OUTPUT}
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
@@ -47,7 +49,7 @@ class TuneConfig:
 
 def load_tune_config(path: str, overrides: dict) -> TuneConfig:
     """FILE with the CLI's values (trials, concurrent, storage, name; None: not given), checked."""
-    raw, given = _Mapping.from_yaml(path), {k: v for k, v in overrides.items() if v is not None}
+    raw, given = read_yaml_mapping(path), {k: v for k, v in overrides.items() if v is not None}
     names = {key: str(key).replace("-", "_") for key in raw}
     tune = {names[k]: v for k, v in raw.items() if names[k] in TUNE_KEYS}
     tune.update({k: given[k] for k in ("trials", "concurrent") if k in given})
@@ -173,14 +175,6 @@ def find_problem(values: dict, metric: str, path: str) -> Optional[ConfigError]:
     if not (cfg.val_data or cfg.val_fraction > 0):
         return ConfigError(f"tune ranks trials by {metric}: give val_data or val_fraction in {path}")
     return None
-
-
-class _Mapping(TrainConfig):
-    """from_yaml's reading and messages, the mapping back unchecked (tune keys are not train's)."""
-
-    @classmethod
-    def from_dict(cls, values: dict) -> dict:  # type: ignore[override]
-        return values
 
 
 def _to_number(value: Any) -> Optional[float]:

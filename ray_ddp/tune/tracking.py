@@ -1,6 +1,6 @@
 """--mlflow for a search: one MLflow run for the whole search, each trial's run nested
-under it (MLflow's parentRunId), and the search's outcome logged on it at the end. Runs
-on the driver of `ray-ddp tune`.
+under it (MLflow's parentRunId), and the search's outcome logged on it at the end; with
+--wandb, each trial's W&B run in the search's group. Runs on the driver of `ray-ddp tune`.
 
 The search's MLflow run is found by an id of the search folder's own (``search.json``,
 made at its first run), as a ray-ddp run's is by its run folder's: a search rerun after a
@@ -14,16 +14,18 @@ import dataclasses
 from typing import Any, Callable, Iterator, Optional
 
 from ray_ddp.driver.status import new_run_id
-from ray_ddp.observe.mlflow_tracking import MlflowConfig, finish_tracking, open_tracking
+from ray_ddp.trackers.mlflow import MlflowRun, finish_tracking, open_tracking
 from ray_ddp.storage import read_json, write_json
 from ray_ddp.tune.space import TuneConfig
 
 SEARCH_FILE = "search.json"
 
 
-def open_search_tracking(tc: TuneConfig, name: str, store, root: str) -> tuple[TuneConfig, Optional[MlflowConfig]]:
+def open_search_tracking(tc: TuneConfig, name: str, store, root: str) -> tuple[TuneConfig, Optional[MlflowRun]]:
     """The search's MLflow run (None without --mlflow), and the TuneConfig whose trials
     nest their runs under it."""
+    if tc.train.get("wandb") and not tc.train.get("wandb_group"):  # W&B shows a search as a group
+        tc = dataclasses.replace(tc, train={**tc.train, "wandb_group": name})
     uri = tc.train.get("mlflow")
     if not uri:
         return tc, None
@@ -43,7 +45,7 @@ def open_search_tracking(tc: TuneConfig, name: str, store, root: str) -> tuple[T
 
 
 @contextlib.contextmanager
-def tracked_search(tracking: Optional[MlflowConfig], echo: Callable[[str], None]) -> Iterator[list]:
+def tracked_search(tracking: Optional[MlflowRun], echo: Callable[[str], None]) -> Iterator[list]:
     """Around the search: the rows put in the list it gives are the search's outcome,
     logged on its MLflow run, which ends FINISHED, or FAILED / KILLED if the search
     raised. A server that did not take it is a warning: the search is in its folder."""
@@ -61,7 +63,7 @@ def tracked_search(tracking: Optional[MlflowConfig], echo: Callable[[str], None]
                  "folder holds everything")
 
 
-def close_search_tracking(tracking: Optional[MlflowConfig], rows: list[dict[str, Any]], status: str) -> bool:
+def close_search_tracking(tracking: Optional[MlflowRun], rows: list[dict[str, Any]], status: str) -> bool:
     """The best trial's validation loss and the trials' count on the search's MLflow run,
     ended with ``status``; False if the server did not take it."""
     if tracking is None:

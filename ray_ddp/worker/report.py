@@ -109,7 +109,8 @@ class Reporter:
                       bad_loss, bad_weights)
 
     def add(self, row: dict[str, Any]) -> None:
-        self.unsent.append(row)
+        """A closed window's row, with what this rank's checkpoints cost since the last one."""
+        self.unsent.append({**row, **(self.writer.take_timings() if self.writer is not None else {})})
 
     def share_unsent(self) -> None:
         """Every rank's unsent rows onto every rank (a collective: every rank calls it), so

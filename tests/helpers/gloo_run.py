@@ -85,8 +85,8 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
     from ray_ddp.observe.callback import MetricsCallback
 
     assert ray_inputs is None, "Ray Data runs on Ray only"
-    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.last_step, tensorboard=cfg.tensorboard,
-                              keep=cfg.keep, keep_best=cfg.keep_best, tracking=tracking)
+    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.last_step,
+                              keep=cfg.keep, keep_best=cfg.keep_best, trackers=tracking)
     world = placement.workers
     ctx = rank_context()
     reports = ctx.Queue()

@@ -24,9 +24,10 @@ def small(tmp, name, **kw) -> TrainConfig:
 def full_config(storage, val_data, **kw) -> TrainConfig:
     """conftest.py's full_run: small()'s toy whose rank 1 straggles (300 ms more a forward:
     the same parameters, so the same weights as ``toy``), validated every epoch, with
-    TensorBoard, stored through a file:// URI (its summary's locations are URIs)."""
+    TensorBoard and W&B (offline: tests/conftest.py), stored through a file:// URI (its
+    summary's locations are URIs)."""
     return small(f"file://{storage}", "full", model="user_models:slow_on_rank_one", val_data=val_data,
-                 tensorboard=True, quiet=False, **kw)
+                 tensorboard=True, wandb="ray-ddp-tests", quiet=False, **kw)
 
 
 def rows_of(summary):

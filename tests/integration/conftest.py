@@ -31,9 +31,16 @@ def full_story(ray_local, storage, full_val):
     """One uninterrupted 3-epoch toy run, and the lines it said: the reference that
     interrupted runs must match (a straggling rank, validation, TensorBoard and a file://
     URI leave its weights as they are), and the run test_observe.py's straggler and
-    TensorBoard claims ride on (each Ray Train start costs ~15 s of a 2-core machine)."""
+    TensorBoard, W&B and Ray-metrics claims ride on (each Ray Train start costs ~15 s of a
+    2-core machine). Ray's Prometheus endpoint is read while it trains: the series seen."""
+    import ray
+    from prometheus import scraping
+
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
     lines: list[str] = []
-    return run(full_config(storage, full_val), echo=lines.append), lines
+    with scraping(port) as series:
+        summary = run(full_config(storage, full_val), echo=lines.append)
+    return summary, lines, series
 
 
 @pytest.fixture(scope="session")

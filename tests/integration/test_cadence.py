@@ -49,6 +49,11 @@ def test_checkpoints_and_validations_fall_by_steps_mid_epoch_and_move_no_weight(
     assert evals == [6, 10, 12, 18, 20]
     assert checkpoints(storage, "cadence-plain") == [10, 20]
     assert final_hashes(rows_of(summary)) == final_hashes(rows_of(plain))
+    # what each checkpoint cost, on the writing rank's next row (DDP: rank 0): the window
+    # after checkpoint 10 is the first that follows a checkpoint of the plain run
+    saved = {(r["rank"], r["step"]): (r["checkpoint_save_s"], r["checkpoint_upload_s"]) for r in rows_of(plain)}
+    assert saved[0, 5] == (None, None) and saved[0, 15][0] > 0 and saved[0, 15][1] > 0
+    assert all(costs == (None, None) for (rank, _), costs in saved.items() if rank == 1)
 
 
 def test_checkpoints_by_minutes_are_taken_at_window_ends_by_every_rank(storage, val):

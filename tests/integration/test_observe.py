@@ -1,5 +1,5 @@
-"""Seeing runs: `ray-ddp report` plots, `ray-ddp runs`, straggler warnings, TensorBoard
-(all on conftest.py's full_run)."""
+"""Seeing runs: `ray-ddp report` plots, `ray-ddp runs`, straggler warnings, TensorBoard,
+Ray's Prometheus series and W&B (all on conftest.py's full_run)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(full_story, 
     from ray_ddp.checkpoint.verify import find_latest_checkpoint
     from ray_ddp.storage import resolve_storage
 
-    summary, lines = full_story
+    summary, lines, _ = full_story
     uri = f"file://{storage}"
     assert any("  val_loss " in line for line in lines), lines  # validation in the progress line
     warnings = [l for l in lines if l.startswith("warning: rank 1 is straggling")]
@@ -88,3 +88,32 @@ def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(full_story, 
     assert json.loads((storage / "full" / "summary.json").read_text())["run"] == "full"
     store = resolve_storage(uri)  # what a resume would find, through the same filesystem
     assert find_latest_checkpoint(store.fs, store.run_path("full")).latest == "step-00000030"
+
+
+def test_operators_see_the_run_in_rays_prometheus_and_in_wandb(full_story, storage):
+    """full_run's figures, read where operators read them: Ray's Prometheus endpoint over
+    127.0.0.1 while it trained (each rank's gauges tagged run, rank and node; rank 1 the
+    slower), and W&B's offline files (every window once, its config and its summary)."""
+    from wandb_files import read_offline_run
+
+    summary, _, series = full_story
+    busy = {}
+    for name, labels, value in series:
+        if name == "ray_ddp_busy_seconds" and labels.get("run") == "full":
+            assert labels["node"], labels
+            busy.setdefault(labels["rank"], []).append(value)
+    assert set(busy) == {"0", "1"}, sorted({name for name, _, _ in series})
+    assert max(busy["1"]) > 1.5 * max(busy["0"])  # the straggler, as Grafana would chart it
+    names = {name for name, labels, _ in series if labels.get("run") == "full"}
+    assert {"ray_ddp_step_time_seconds", "ray_ddp_samples_per_second", "ray_ddp_loss", "ray_ddp_data_wait_share", "ray_ddp_step",
+            "ray_ddp_world_size"} <= names, names
+    assert {v for n, l, v in series if n == "ray_ddp_world_size" and l.get("run") == "full"} == {2.0}
+
+    run_id = json.loads((storage / "full" / "status.json").read_text())["run_id"]
+    logged = read_offline_run(str(storage / "full"), run_id)
+    windows = [row for row in logged.history if "loss" in row]
+    assert [row["_step"] for row in windows] == [5, 10, 15, 20, 25, 30]
+    assert [row["_step"] for row in windows if "val_loss" in row] == [10, 20, 30]
+    assert logged.config["model"] == "user_models:slow_on_rank_one" and logged.config["workers"] == 2
+    assert logged.summary["final_loss"] == pytest.approx(summary.final_loss)
+    assert logged.summary["status"] == "FINISHED" and logged.exit_codes[-1] == 0

@@ -47,13 +47,14 @@ def write_search_file(root):
 
 
 def start_search(storage, root, mlflow_uri):
-    """The search, tracked in MLflow, in a thread (conftest.py's ``tune_story`` starts it
+    """The search, tracked in MLflow and W&B (offline), in a thread (conftest.py's ``tune_story`` starts it
     with the first integration test: its trials mostly wait on Tune and Ray Train, and
     the other tests fill those waits). Returns the search file and the started thread."""
     search_file = write_search_file(root)
     lines: list[str] = []
-    tracked = search_file.with_name("tracked.yaml")  # the same search, tracked in MLflow
-    tracked.write_text(yaml.safe_dump({**yaml.safe_load(search_file.read_text()), "mlflow": mlflow_uri}))
+    tracked = search_file.with_name("tracked.yaml")  # the same search, tracked
+    tracked.write_text(yaml.safe_dump({**yaml.safe_load(search_file.read_text()), "mlflow": mlflow_uri,
+                                       "wandb": "ray-ddp-tests"}))
     tc = load_tune_config(str(tracked), {"storage": str(storage), "name": "search"})
     return search_file, run_in_thread(None, lambda: (run_search(tc, echo=lines.append), lines))
 
@@ -118,6 +119,17 @@ def test_the_search_is_an_mlflow_run_and_each_trial_one_nested_under_it(searched
     for t in trials:
         steps = [m.step for m in client.get_metric_history(t.info.run_id, "loss")]
         assert steps and len(steps) == len(set(steps)), t.data.tags["ray_ddp.run"]
+
+
+def test_each_trial_is_a_wandb_run_in_its_searchs_group(searched, storage):
+    from wandb_files import read_offline_run
+
+    for trial in ("trial-0", "trial-1"):
+        folder = storage / "search" / trial
+        logged = read_offline_run(str(folder), json.loads((folder / "status.json").read_text())["run_id"])
+        steps = [row["_step"] for row in logged.history if "loss" in row]
+        assert "search" in logged.groups and logged.config["name"] == trial
+        assert steps and len(steps) == len(set(steps)), trial
 
 
 def test_the_preflight_refuses_more_trials_than_the_cluster_holds(ray_local, storage, search_file):

@@ -40,6 +40,7 @@ OTHER_TOOLS_FLAGS = {
     "kubectl create secret": {"--from-literal"},
     "tensorboard": {"--logdir"},
     "mlflow server": {"--backend-store-uri", "--host", "--port"},
+    "ray start": {"--metrics-export-port"},
     "examples/torchrun_script.py, the launch example": {"--steps", "--out", "--epochs"},
     "benchmarks/throughput.py, named in docs/testing.md": {"--preset"},
     "pytest, in docs/testing.md": {"--durations"},

@@ -13,7 +13,7 @@ from servers import free_port
 
 from ray_ddp.errors import ConfigError
 from ray_ddp.driver.events import Event
-from ray_ddp.observe.mlflow_tracking import MlflowConfig, finish_tracking, log_events, log_window, open_tracking
+from ray_ddp.trackers.mlflow import MlflowRun, finish_tracking, log_events, log_window, open_tracking
 
 
 def test_unreachable_server_is_one_line_in_seconds():
@@ -27,7 +27,7 @@ def test_unreachable_server_is_one_line_in_seconds():
 
 
 def test_dead_server_mid_run_is_false_quickly():
-    cfg = MlflowConfig(uri=f"http://127.0.0.1:{free_port()}", run_id="0" * 32, experiment_id="1")
+    cfg = MlflowRun(uri=f"http://127.0.0.1:{free_port()}", run_id="0" * 32, experiment_id="1")
     start = time.monotonic()
     assert log_window(cfg, 1, {"loss": 1.0}) is False
     assert log_events(cfg, [Event("hang", time.time(), 1, None, None, "hang: x")]) is False
@@ -46,7 +46,8 @@ def test_a_fit_after_a_driver_restart_does_not_log_the_redone_steps_again(tmp_pa
     resize, a forgiven preemption) redoes steps from step 10's checkpoint: its controller
     starts from what the server holds, not from the command's start (nothing logged)."""
     from ray_ddp.observe.callback import MetricsCallback
-    from ray_ddp.observe.mlflow_tracking import _client, resume_tracking
+    from ray_ddp.trackers.base import Trackers
+    from ray_ddp.trackers.mlflow import MlflowTracker, _client
 
     at_start = open_tracking(f"sqlite:///{tmp_path}/mlflow.db", "run-x", {"lr": 0.1}, identity="a1")
     assert at_start.logged_until == 0
@@ -57,10 +58,12 @@ def test_a_fit_after_a_driver_restart_does_not_log_the_redone_steps_again(tmp_pa
                "samples_per_s": 80.0, "time": float(step), "busy_s": 0.05, "world_size": 1}
         callback.after_report(None, [row], None)
 
-    first = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, tracking=at_start)
+    trackers = Trackers([MlflowTracker(at_start)])
+    first = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, trackers=trackers)
     for step in (5, 10, 15):
         report(first, step, 1.0)
-    second = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, tracking=resume_tracking(at_start))
+    # the driver resumes the trackers it opened (its copy never saw the controller's steps)
+    second = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, trackers=trackers.resume())
     for step in (15, 20):  # redone from step 10's checkpoint, then new
         report(second, step, 2.0)
     history = _client(at_start.uri).get_metric_history(at_start.run_id, "loss")

@@ -103,7 +103,7 @@ def test_progress_json_keeps_its_keys_before_and_after_the_first_report(tmp_path
     report = Progress.from_dict({**progress(5), "preemptions": [], "events": [], "mlflow_failed": False,
                                  "nodes": {}, "report_time": 4.0, "a later key": 1})
     assert set(report.to_dict()) == {"epoch", "epochs", "step", "total_steps", "loss", "samples_per_s", "world_size",
-                                     "checkpoint", "time", "straggler", "preemptions", "events", "mlflow_failed",
+                                     "checkpoint", "time", "straggler", "preemptions", "events", "mlflow_failed", "trackers_failed",
                                      "nodes", "report_time"}
     assert Progress.from_dict(report.to_dict()) == report
     store = resolve_storage(str(tmp_path))

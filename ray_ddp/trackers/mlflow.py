@@ -1,6 +1,7 @@
 """``--mlflow URI``: the run's config, metrics, events and final model in an MLflow
 tracking server. Runs on the driver (open, events, finish) and in Ray Train's controller
-actor (the metrics windows); workers never talk to the server.
+actor (the metrics windows); workers never talk to the server. ``MlflowTracker`` is the
+tracker (trackers/base.py); the functions are also `ray-ddp tune`'s, for a search's run.
 
 MlflowClient by run id, never mlflow.start_run: the run's state is global to one process,
 and two processes write to this run. mlflow is an optional extra, imported only here.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from ray_ddp.driver.events import Event
 from ray_ddp.errors import ConfigError
+from ray_ddp.trackers.base import Tracker, Window
 
 RUN_TAG = "ray_ddp.run"  # the run's name, for people reading the MLflow UI
 # What finds the MLflow run of a ray-ddp run again on resume: the run folder's own id
@@ -41,8 +43,9 @@ INSTALL_HINT = "--mlflow needs the mlflow package: pip install 'ray_ddp[mlflow]'
 
 
 @dataclass(frozen=True)
-class MlflowConfig:
-    """Where the run's MLflow run is; travels to Ray Train's controller actor."""
+class MlflowRun:
+    """An MLflow run (found or made) and how far its metrics go; travels to Ray Train's
+    controller actor."""
 
     uri: str
     run_id: str
@@ -91,7 +94,7 @@ def flatten_params(params: dict, prefix: str = "") -> dict[str, str]:
 
 
 def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_ddp", *,
-                  identity: str, location: str = "", parent: Optional[str] = None) -> MlflowConfig:
+                  identity: str, location: str = "", parent: Optional[str] = None) -> MlflowRun:
     """Find (by ``identity``, the run folder's own id) or create the experiment and this
     run's MLflow run (the same one on resume), nested under MLflow run ``parent`` if
     given, and log the config as params. One-line ConfigError when mlflow or the server
@@ -131,7 +134,7 @@ def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_
     except Exception as e:
         raise ConfigError(f"--mlflow {uri}: the tracking server refused the run "
                           f"({type(e).__name__}: {_one_line(e)}); check the URI and the server's log") from None
-    return MlflowConfig(uri=uri, run_id=run.info.run_id, experiment_id=experiment_id, logged_until=logged_until)
+    return MlflowRun(uri=uri, run_id=run.info.run_id, experiment_id=experiment_id, logged_until=logged_until)
 
 
 def _logged_until(client, run_id: str) -> int:
@@ -139,7 +142,7 @@ def _logged_until(client, run_id: str) -> int:
     return max((m.step for m in client.get_metric_history(run_id, "loss")), default=0)
 
 
-def resume_tracking(tracking: MlflowConfig) -> MlflowConfig:
+def resume_tracking(tracking: MlflowRun) -> MlflowRun:
     """``tracking`` with the steps logged so far read back from the server, for a fit's
     controller: the previous fit's controller advanced ``logged_until`` in a process that
     is gone (a driver-level restart: an elastic resize, a forgiven preemption), and its
@@ -172,7 +175,7 @@ def _finite(value: Any) -> Optional[float]:
     return number if math.isfinite(number) else None
 
 
-def log_window(cfg: MlflowConfig, step: int, metrics: dict[str, float]) -> bool:
+def log_window(cfg: MlflowRun, step: int, metrics: dict[str, float]) -> bool:
     """One rank-aggregated window as metrics at ``step``, in one request. False (never an
     exception) when it failed: the caller warns once and stops."""
     try:
@@ -188,7 +191,7 @@ def log_window(cfg: MlflowConfig, step: int, metrics: dict[str, float]) -> bool:
         return False
 
 
-def log_events(cfg: MlflowConfig, events: list[Event]) -> bool:
+def log_events(cfg: MlflowRun, events: list[Event]) -> bool:
     """Failures, hangs, preemptions and resizes: a count per type at each one's step (they
     show on MLflow's charts) and the list as JSON in tag ray_ddp.events. False on failure."""
     try:
@@ -215,7 +218,7 @@ def log_events(cfg: MlflowConfig, events: list[Event]) -> bool:
         return False
 
 
-def finish_tracking(cfg: MlflowConfig, summary: dict, status: str,
+def finish_tracking(cfg: MlflowRun, summary: dict, status: str,
                     model_file: Optional[str] = None) -> bool:
     """The summary's numbers as summary.* metrics, the model as artifact model/<file>, and the
     run ended with ``status`` (FINISHED, FAILED, KILLED). Each part is tried even when an
@@ -242,3 +245,39 @@ def finish_tracking(cfg: MlflowConfig, summary: dict, status: str,
     except Exception:
         ok = False
     return ok
+
+
+# what each window logs: the figures over ranks a chart of the run wants
+WINDOW_FIGURES = ("loss", "samples_per_s", "accuracy", "perplexity", "val_loss", "val_accuracy", "val_perplexity")
+
+
+class MlflowTracker(Tracker):
+    """--mlflow as a tracker: windows from the controller, events and summary at the end."""
+
+    def __init__(self, run: MlflowRun):
+        self.run = run
+        self.label = f"MLflow at {run.uri}"
+
+    def resume(self) -> "MlflowTracker":
+        return MlflowTracker(resume_tracking(self.run))
+
+    def log_window(self, window: Window) -> None:
+        if window.step <= self.run.logged_until:  # redone after a restart, or logged by an earlier command
+            return
+        figures = {k: window.figures.get(k) for k in WINDOW_FIGURES}
+        if not log_window(self.run, window.step, {**figures, "lr": window.rows[0].get("lr")}):
+            raise ConnectionError(self.label)
+        self.run = dataclasses.replace(self.run, logged_until=window.step)
+
+    def finish(self, summary: dict[str, Any], events: list[Event], status: str,
+               model_file: Optional[str]) -> None:
+        ok = log_events(self.run, events) if events else True
+        if not (finish_tracking(self.run, summary, status, model_file) and ok):
+            raise ConnectionError(self.label)
+
+
+def open_mlflow(cfg, identity: str, location: str) -> MlflowTracker:
+    """The run's MLflow run (the same one a resume of this run folder continues, found by
+    the folder's ``identity``), its params the config as resolved for this cluster."""
+    return MlflowTracker(open_tracking(cfg.mlflow, cfg.name, cfg.to_dict(), cfg.mlflow_experiment,
+                                       identity=identity, location=location, parent=cfg.mlflow_parent_run))
