@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -20,6 +21,7 @@ from ray_ddp.checkpoint.format import HF_CONFIG_FILE, MODEL_FILE, STATE_FILE, Tr
     hf_config_json, save_counted, to_cpu, write_counted, write_meta
 from ray_ddp.errors import CheckpointError
 from ray_ddp.checkpoint.verify import file_fingerprint
+from ray_ddp.checkpoint.writer import CheckpointTimings
 from ray_ddp.checkpoint.load import load_tensors
 from ray_ddp.checkpoint.safe_load import DCP_METADATA, NON_TENSORS, weights_only_dcp
 
@@ -56,6 +58,7 @@ class ShardedCheckpointWriter:
         self.group = dist.new_group(backend="gloo")
         self._idle = threading.Event()
         self._idle.set()
+        self.timings = CheckpointTimings()
 
     def idle(self) -> bool:
         return self._idle.is_set()
@@ -70,6 +73,7 @@ class ShardedCheckpointWriter:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
             get_state_dict
 
+        started = time.perf_counter()
         self._idle.wait()  # the previous upload's collectives come first on self.group
         self._idle.clear()
         folder = self.path_for(dir_name) if self.local else tempfile.mkdtemp(prefix="ray_ddp_shards_")
@@ -93,11 +97,13 @@ class ShardedCheckpointWriter:
             }
             snapshot.meta = header
             snapshot.hf_config = hf_config_json(model)
+        self.timings.note("checkpoint_save_s", started)
         return snapshot
 
     def write(self, snapshot: ShardedSnapshot, dir_name: str) -> str:
         """On Ray's upload thread: finish this rank's part, then rank 0 writes the rest."""
         try:
+            started = time.perf_counter()
             path = self.path_for(dir_name)
             snapshot.future.result()  # DCP's write: after it, every rank's shards are whole
             mine = {name: file_fingerprint(os.path.join(snapshot.folder, name))
@@ -119,6 +125,7 @@ class ShardedCheckpointWriter:
                     files[HF_CONFIG_FILE] = write_counted(self.fs, f"{path}/{HF_CONFIG_FILE}",
                                                           snapshot.hf_config.encode())
                 write_meta(self.fs, path, snapshot.meta, files)
+            self.timings.note("checkpoint_upload_s", started)
             return path
         finally:
             self._idle.set()

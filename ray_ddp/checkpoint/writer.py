@@ -21,6 +21,26 @@ import torch
 from ray_ddp.checkpoint.format import CheckpointSnapshot, TrainState, snapshot_checkpoint, write_checkpoint
 
 
+class CheckpointTimings:
+    """What the newest checkpoint cost, until a metrics row takes it: the seconds its copy
+    stalled training (``checkpoint_save_s``, the wait for the previous upload included)
+    and its write took (``checkpoint_upload_s``, noted on Ray's upload thread: a lock)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seconds: dict[str, float] = {}
+
+    def note(self, key: str, started: float) -> None:
+        with self._lock:
+            self._seconds[key] = time.perf_counter() - started
+
+    def take(self) -> dict[str, float]:
+        """Each figure once, for the next row."""
+        with self._lock:
+            taken, self._seconds = self._seconds, {}
+        return taken
+
+
 class CheckpointWriter:
     """Snapshots on the training thread, writes on the upload thread, one at a time."""
 
@@ -30,8 +50,7 @@ class CheckpointWriter:
         self._idle.set()
         self._latest: Optional[CheckpointSnapshot] = None
         self._reusable: Optional[CheckpointSnapshot] = None  # written for good: free memory
-        # what the newest checkpoints cost, until a metrics row takes it (take_timings)
-        self._timings: dict[str, float] = {}
+        self.timings = CheckpointTimings()
 
     def idle(self) -> bool:
         return self._idle.is_set()
@@ -49,7 +68,7 @@ class CheckpointWriter:
         self._latest = snapshot_checkpoint(model, optimizer, state, run, 0, stateful, reuse=reuse)
         if rows:
             self._latest.train_state["rows"] = rows
-        self._timings["checkpoint_save_s"] = time.perf_counter() - started
+        self.timings.note("checkpoint_save_s", started)
         return self._latest
 
     def write(self, snapshot: CheckpointSnapshot, dir_name: str) -> str:
@@ -60,20 +79,13 @@ class CheckpointWriter:
             started = time.perf_counter()
             path = self.path_for(dir_name)
             write_checkpoint(path, snapshot, self.fs)
-            self._timings["checkpoint_upload_s"] = time.perf_counter() - started
+            self.timings.note("checkpoint_upload_s", started)
         except BaseException:
             self._finished(snapshot)  # not reusable: a retry may still read it
             raise
         self._reusable = snapshot
         self._finished(snapshot)
         return path
-
-    def take_timings(self) -> dict[str, float]:
-        """The seconds the newest checkpoint's copy stalled training (``checkpoint_save_s``:
-        the wait for the previous upload included) and its write took
-        (``checkpoint_upload_s``), each once, for the next metrics row."""
-        taken, self._timings = self._timings, {}
-        return taken
 
     def _finished(self, snapshot: CheckpointSnapshot) -> None:
         if snapshot is self._latest:  # a late retry of an older one says nothing of the newest

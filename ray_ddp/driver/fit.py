@@ -5,6 +5,7 @@ driver.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.format import started_from_of
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
@@ -64,8 +65,11 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
                     told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())
                     events.extend(told)
-                    for hang in (e for e in told if e.type == "hang" and tracking is not None):
-                        tracking.log_event(hang)  # the controller counted its restart, not the hang
+                    if tracking is not None:
+                        drop_failed_trackers(tracking, store, run_path)
+                        for hang in (e for e in told if e.type == "hang"):
+                            # the controller counted the restart of its event; the hang is the driver's
+                            tracking.log_event(dataclasses.replace(hang, restarted=False))
                     fold_metrics_after_fit(store, run.folder)
                 break
             except TrainingError as err:
@@ -119,6 +123,16 @@ def fold_metrics_after_fit(store: StorageConfig, folder: RunFolder) -> None:
         fold_metrics(store.fs, folder)
     except (StorageError, OSError):
         pass
+
+
+def drop_failed_trackers(tracking, store: StorageConfig, run_path: str) -> None:
+    """The trackers the fit's controller dropped, dropped here too (progress.json)."""
+    try:
+        progress = read_progress(store, run_path)
+    except StorageError:
+        return
+    if progress is not None and progress.trackers_failed:
+        tracking.drop(progress.trackers_failed)
 
 
 def controller_events(store: StorageConfig, run_path: str) -> list[Event]:

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Optional
 from ray_ddp.cluster.attach import ClusterConfig, attach_ray, refresh_elastic_view
 from ray_ddp.cluster.preflight import ensure_cluster_fits, ensure_cpu_for_ray_data
-from ray_ddp.errors import ConfigError
+from ray_ddp.errors import ConfigError, TrainingError
 from ray_ddp.config.checks import check_devices, check_objects
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
@@ -83,7 +83,8 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
                             tracking=tracking, ray_inputs=ray_inputs)
         except BaseException as err:
             close_run_tracking(tracking, store, cfg, None, read_events(store, store.run_path(cfg.name)),
-                               "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", echo)
+                               "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", echo,
+                               fit_over=isinstance(err, TrainingError))
             raise
         finally:
             if cfg.snapshot_every_steps != 0:  # the command's end, however it ends: they are memory

@@ -39,10 +39,14 @@ def open_run_tracking(cfg: TrainConfig, identity: str, store: StorageConfig) -> 
     tracker run a resume of this run folder continues (found by the folder's
     ``identity``), its config the one resolved for this cluster."""
     trackers: list[Tracker] = [RayMetricsTracker(cfg.name)]
-    if cfg.mlflow:
-        trackers.append(open_mlflow(cfg, identity, store.uri_of(cfg.name)))
-    if cfg.wandb:
-        trackers.append(open_wandb(cfg, identity, store))
+    try:
+        if cfg.mlflow:
+            trackers.append(open_mlflow(cfg, identity, store.uri_of(cfg.name)))
+        if cfg.wandb:
+            trackers.append(open_wandb(cfg, identity, store))
+    except ConfigError:  # the one that refused is the line; those opened are not left running
+        Trackers(trackers).finish({}, [], "FAILED", None)
+        raise
     if cfg.tensorboard:
         trackers.append(TensorBoardTracker(store.path_on_disk(cfg.name)))
     return Trackers(trackers)
@@ -50,10 +54,13 @@ def open_run_tracking(cfg: TrainConfig, identity: str, store: StorageConfig) -> 
 
 def close_run_tracking(trackers: Optional[Trackers], store: StorageConfig, cfg: TrainConfig,
                        summary: Optional[dict], events: list[Event], status: str,
-                       echo: Callable[[str], None]) -> None:
+                       echo: Callable[[str], None], fit_over: bool = True) -> None:
     """The events, the summary's numbers and (local storage) the final model.pt; each
-    tracker's run ended with ``status``. A tracker that failed, here or in the
-    controller, is a warning, never an error: the run itself is in its folder."""
+    tracker's run ended with ``status``; ``fit_over``: no controller can still be logging
+    (a TrainingError comes after Ray Train's fit ended; an interrupt, or Tune ending a
+    trial's actor, may leave its controller logging a moment longer).
+    A tracker that failed, here or in the controller, is a warning, never an error: the
+    run itself is in its folder."""
     if trackers is None:
         return
     model = None
@@ -61,7 +68,7 @@ def close_run_tracking(trackers: Optional[Trackers], store: StorageConfig, cfg: 
         candidate = os.path.join(store.path_on_disk(cfg.name), summary["checkpoint"].rsplit("/", 1)[-1],
                                  MODEL_FILE)
         model = candidate if os.path.exists(candidate) else None
-    trackers.finish(summary or {}, events, status, model)
+    trackers.finish(summary or {}, events, status, model, fit_over)
     progress = read_progress(store, store.run_path(cfg.name))
     failed = dict.fromkeys(trackers.failed + (progress.trackers_failed if progress else []))
     for label in failed:

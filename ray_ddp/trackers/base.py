@@ -51,9 +51,10 @@ class Tracker:
         """In the controller, at the end of its fit: flush and let go of what it opened."""
 
     def finish(self, summary: dict[str, Any], events: list[Event], status: str,
-               model_file: Optional[str]) -> None:
+               model_file: Optional[str], fit_over: bool = True) -> None:
         """On the driver at the end: the summary, every event of the run, the final model
-        (local storage) and ``status`` (FINISHED, FAILED or KILLED)."""
+        (local storage) and ``status`` (FINISHED, FAILED or KILLED). ``fit_over`` False:
+        the run was stopped while its controller may still be logging a window."""
 
 
 class Trackers:
@@ -68,7 +69,17 @@ class Trackers:
         return bool(self.active)
 
     def resume(self) -> "Trackers":
-        return Trackers(self._each(lambda t: t.resume()), self.failed)
+        """Each tracker as a new fit's controller needs it, in place: the driver keeps one
+        set, whose failures its warning at the end names."""
+        self.active = self._each(lambda t: t.resume())
+        return self
+
+    def drop(self, labels: list[str]) -> None:
+        """The trackers a controller dropped (progress.json's ``trackers_failed``): the
+        next fit's controller does not try them again."""
+        for tracker in [t for t in self.active if t.label in labels]:
+            self.active.remove(tracker)
+        self.failed += [label for label in labels if label not in self.failed]
 
     def log_window(self, window: Window) -> None:
         self._each(lambda t: t.log_window(window))
@@ -80,8 +91,8 @@ class Trackers:
         self._each(lambda t: t.close())
 
     def finish(self, summary: dict[str, Any], events: list[Event], status: str,
-               model_file: Optional[str]) -> None:
-        self._each(lambda t: t.finish(summary, events, status, model_file))
+               model_file: Optional[str], fit_over: bool = True) -> None:
+        self._each(lambda t: t.finish(summary, events, status, model_file, fit_over))
 
     def _each(self, call) -> list[Any]:
         results = []
@@ -91,4 +102,8 @@ class Trackers:
             except Exception:  # the tracker's server, client or disk: never the run's end
                 self.active.remove(tracker)
                 self.failed.append(tracker.label)
+                try:  # what it holds open (a W&B session, a writer's thread) is let go
+                    tracker.close()
+                except Exception:
+                    pass
         return results

@@ -270,7 +270,7 @@ class MlflowTracker(Tracker):
         self.run = dataclasses.replace(self.run, logged_until=window.step)
 
     def finish(self, summary: dict[str, Any], events: list[Event], status: str,
-               model_file: Optional[str]) -> None:
+               model_file: Optional[str], fit_over: bool = True) -> None:
         ok = log_events(self.run, events) if events else True
         if not (finish_tracking(self.run, summary, status, model_file) and ok):
             raise ConnectionError(self.label)

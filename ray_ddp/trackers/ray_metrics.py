@@ -66,13 +66,22 @@ class RayMetricsTracker(Tracker):
     def __init__(self, run: str):
         self.run = run
         self.label = "Ray's metrics"
+        self._ranks: set[tuple[str, str]] = set()  # (rank, node) of the series set so far
 
     def log_window(self, window: Window) -> None:
+        ranks = set()
         for row in window.rows:
             tags = {"run": self.run, "rank": str(row["rank"]), "node": str(row.get("node_id") or "")}
+            ranks.add((tags["rank"], tags["node"]))
             for name, (_, column) in RANK_GAUGES.items():
                 if _number(row.get(column)):
                     _metric(name).set(float(row[column]), tags=tags)
+        # a rank gone (a smaller group, a rank on another node) does no work: a sum of
+        # throughputs must not count its last figure (Ray keeps a gauge's series)
+        for rank, node in self._ranks - ranks:
+            for name in ("ddp_samples_per_second", "ddp_tokens_per_second"):
+                _metric(name).set(0.0, tags={"run": self.run, "rank": rank, "node": node})
+        self._ranks = ranks
         tags = {"run": self.run}
         _metric("ddp_step").set(window.step, tags=tags)
         _metric("ddp_world_size").set(len(window.rows), tags=tags)

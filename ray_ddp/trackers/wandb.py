@@ -65,8 +65,10 @@ def _init(run: WandbRun, **more):
 
     if run.api_key and not os.environ.get("WANDB_API_KEY"):
         os.environ["WANDB_API_KEY"] = run.api_key
+    # the run's record file flushed every second, not every 15 s: a controller killed
+    # with its group (Tune stopping a trial, a node lost) loses at most that of W&B's copy
     settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True,
-                              disable_git=True, save_code=False)
+                              disable_git=True, save_code=False, x_transaction_log_flush_interval=1.0)
     return wandb.init(project=run.project, entity=run.entity, group=run.group, id=run.run_id, name=run.name,
                       dir=run.dir, resume="allow", reinit="create_new", mode=run.mode, settings=settings, **more)
 
@@ -128,8 +130,9 @@ class WandbTracker(Tracker):
         figures["epoch"] = first.get("epoch")
         for row in window.rows:
             figures.update({f"rank_{row['rank']}/{k}": row.get(k) for k in RANK_FIGURES})
+        # committed now: W&B holds a step's row until a later step comes, or its session ends
         self._session.log({k: v for k, raw in figures.items() if (v := _finite(raw)) is not None},
-                          step=window.step)
+                          step=window.step, commit=True)
         self.run = dataclasses.replace(self.run, logged_until=window.step)
         self.save_cursor()
 
@@ -145,9 +148,14 @@ class WandbTracker(Tracker):
             self._session = None
 
     def finish(self, summary: dict[str, Any], events: list[Event], status: str,
-               model_file: Optional[str]) -> None:
+               model_file: Optional[str], fit_over: bool = True) -> None:
         """The summary's figures as the W&B run's summary, the events as a list in it (and a
-        count per type), and the run's end: exit code 0 when it finished."""
+        count per type), and the run's end: exit code 0 when it finished. Not while a
+        controller may still log (a stopped run): two sessions of one W&B run at once
+        would write over each other (offline, into one folder); its own session's end
+        ends the W&B run then."""
+        if not fit_over:
+            return
         session = _init(self.run)
         try:
             session.summary.update({k: v for k, raw in summary.items() if (v := _finite(raw)) is not None})

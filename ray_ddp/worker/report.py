@@ -110,7 +110,7 @@ class Reporter:
 
     def add(self, row: dict[str, Any]) -> None:
         """A closed window's row, with what this rank's checkpoints cost since the last one."""
-        self.unsent.append({**row, **(self.writer.take_timings() if self.writer is not None else {})})
+        self.unsent.append({**row, **(self.writer.timings.take() if self.writer is not None else {})})
 
     def share_unsent(self) -> None:
         """Every rank's unsent rows onto every rank (a collective: every rank calls it), so

@@ -27,8 +27,8 @@ def start_local_ray(num_cpus: int):
     from servers import free_port
 
     # its Prometheus endpoint on a port of the suite's choosing (test_observe.py reads
-    # ray_ddp's series there), exported every 2 s, not Ray's 10: a run of the suite is seconds long
-    os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
+    # ray_ddp's series there), exported every 5 s, not Ray's 10: a run of the suite is seconds long
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "5000")
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _metrics_export_port=free_port(), **QUIET)
     return ray
 
