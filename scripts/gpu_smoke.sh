@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU path in one go, for whoever has a GPU machine: the GPU tests, then a short
 # throughput run of a transformer-sized mlp (bf16) with achieved TFLOP/s, under DDP and
-# under FSDP, and ray-ddp against torchrun (benchmarks/throughput.py --preset gpu). Under 8
-# minutes.
+# under FSDP, `ray-ddp doctor` (matmul TFLOP/s per GPU, NCCL bus bandwidth), and ray-ddp
+# against torchrun (benchmarks/throughput.py --preset gpu). Under 8 minutes.
 #   bash scripts/gpu_smoke.sh            (after bash scripts/install.sh on a CUDA machine)
 # PY=python (default .venv/bin/python), OUT=DIR for the reports (default /tmp/ray_ddp_gpu_smoke),
 # RUNS=DIR for the runs' folders (default OUT/runs).
@@ -47,9 +47,14 @@ print(f"{sys.argv[5]}: mlp {params / 1e6:.0f}M params, bf16, 1 GPU: {summary['sa
       f"samples/s, {tflops:.1f} TFLOP/s achieved, final loss {summary['final_loss']:.4f}")
 PY
 done
+# the doctor's view of this box (docs/commands.md#ray-ddp-doctor): each GPU's bf16 matmul
+# TFLOP/s, NCCL's all-reduce bus bandwidth over every GPU, the disk's speed. Exit 1 only
+# names a slow GPU: a figure, not a failure of the smoke; 2 or more is one.
+"$PY" -m ray_ddp doctor --storage "$RUNS" --json > "$OUT/doctor.json"
+doctor_rc=$?
 # does ray-ddp cost anything on a GPU? the same kind of model under torchrun, side by side;
 # its result file (throughput-<machine>-<date>.json) lands in OUT: copy it to benchmarks/results/
 "$PY" benchmarks/throughput.py --preset gpu --rounds 1 --results-dir "$OUT" 2>&1 | tee "$OUT/vs_torchrun.txt" | tail -6
 bench_rc=${PIPESTATUS[0]}
-echo "gpu tests exit $tests_rc, throughput runs exit ddp $train_rc fsdp $fsdp_rc, vs torchrun exit $bench_rc"
-exit $(( tests_rc || train_rc || fsdp_rc || bench_rc ))
+echo "gpu tests exit $tests_rc, throughput runs exit ddp $train_rc fsdp $fsdp_rc, vs torchrun exit $bench_rc, doctor exit $doctor_rc"
+exit $(( tests_rc || train_rc || fsdp_rc || bench_rc || doctor_rc > 1 ))

@@ -8,13 +8,13 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from ray_ddp.cli import data, demo, export, launch, report, runs, train, tune
+from ray_ddp.cli import data, demo, doctor, export, launch, report, runs, train, tune
 from ray_ddp.cli.common import EXIT_INTERRUPTED, EXIT_TRAINING_FAILED, EXIT_USER_ERROR, Parser
 from ray_ddp.errors import ConfigError, StorageError
 
 # in the order `ray-ddp --help` lists them
 COMMANDS = {"train": train, "demo": demo, "launch": launch, "data": data, "runs": runs, "report": report,
-            "export": export, "tune": tune}
+            "export": export, "tune": tune, "doctor": doctor}
 
 
 def build_parser() -> Parser:

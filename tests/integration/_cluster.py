@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 BIN = os.path.dirname(sys.executable)
 
@@ -54,7 +55,7 @@ class LoopbackCluster:
              "--ray-client-server-port=48001", *self._common(cpus)], log)
         self.wait_started("head", log)
 
-    def add_node(self, name: str, cpus: int = 1, attempts: int = 3) -> None:
+    def add_node(self, name: str, cpus: int = 1, attempts: int = 3, env: Optional[dict[str, str]] = None) -> None:
         """Start a worker node and wait until the cluster counts it. A node whose raylet
         did not register within Ray's fixed 30 s (`ray start` then exits: "timed out
         during startup", seen on a loaded 2-core machine, twice in a row on one slow
@@ -65,7 +66,7 @@ class LoopbackCluster:
             log = f"{self.home}/{name}-{time.time():.0f}-{attempt}.log"
             self.procs[name] = self.popen(
                 ["ray", "start", f"--address={self.address}", f"--dashboard-agent-listen-port={port}",
-                 *self._common(cpus)], log)
+                 *self._common(cpus)], log, env={**self.env, **env} if env else None)
             try:
                 self.wait_started(name, log)
                 return

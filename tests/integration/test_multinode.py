@@ -8,7 +8,8 @@ loopback, with Ray's token authentication on; see _cluster.py), and what runs on
 The story takes about 3 minutes, most of them waiting (a 30-s drain deadline, Ray's
 restarts), so it starts with the first integration test, in a thread (conftest.py's
 ``multinode``), and runs beside the others; the jobs follow in the same thread, once it
-is over, on a new node b; the tests read what they saw."""
+is over, on a new node b, and `ray-ddp doctor` over both nodes, b slowed (named); the
+tests read what they saw."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 
 from ray_ddp import TrainConfig
 from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.worker.probes import DELAY_ENV
 
 from gloo_run import train_in_gloo
 
@@ -96,8 +98,8 @@ def submitted_job_id(output: str) -> str:
 def submit_jobs(c: LoopbackCluster, storage) -> dict:
     """After the story, on a new node b: `ray job submit` of a job across both nodes, and
     of one that cannot fit; what each printed, Ray's status of it, and how long it took."""
-    if "b" not in c.procs:
-        c.add_node("b")
+    if "b" not in c.procs:  # it comes late to each of the doctor's all-reduces (after the jobs)
+        c.add_node("b", env={DELAY_ENV: "0.4"})
     jobs = {}
     for name, args in (("job1", ["--workers", "2", "--epochs", "2", "--steps-per-epoch", "10",
                                  "--report-every", "5", "--json"]),
@@ -110,6 +112,31 @@ def submit_jobs(c: LoopbackCluster, storage) -> dict:
         status = job_status(c, submitted_job_id(out.stdout)) if "submitted successfully" in out.stdout else None
         jobs[name] = dict(out=out, took=took, status=status)
     return jobs
+
+
+def doctor_with_a_slowed_node(c: LoopbackCluster, storage) -> dict:
+    """`ray-ddp doctor` over the head and node b, which comes 0.4 s late to each of the
+    doctor's all-reduces (what a slow node does to a whole group; submit_jobs started it
+    so): its JSON and exit code, and which node is b."""
+    storage.mkdir()
+    out = c.run([sys.executable, "-m", "ray_ddp", "doctor", "--address", c.address, "--workers", "2",
+                 "--storage", str(storage), "--json"], timeout=400)
+    return {"out": out, "b": [n["id"] for n in ray_nodes(c) if not n["head"]], "storage": storage}
+
+
+def test_doctor_names_the_slowed_node_and_says_not_to_start(story):
+    doctor = story["doctor"]
+    out = doctor["out"]
+    assert out.returncode == 1, out.stdout + out.stderr
+    found = json.loads(out.stdout.splitlines()[-1])
+    assert not found["ok"] and found["workers"] == 2 and len(found["nodes"]) == 2
+    [slowed] = doctor["b"]
+    late = {n["node_id"]: [p for p in n["problems"] if "late to each all-reduce" in p] for n in found["nodes"]}
+    assert late.pop(slowed) and not any(late.values()), found
+    # every node's figures, the link between the two nodes, and the storage left as it was
+    assert all(n["storage"]["write_mb_s"] > 0 and n["matmul_tflops"][0] > 0 for n in found["nodes"])
+    assert len(found["pairs"]) == 1 and found["pairs"][0]["busbw_gb_s"] > 0 and found["group_busbw_gb_s"] > 0
+    assert list(doctor["storage"].iterdir()) == []
 
 
 def test_submit_job_trains_across_two_nodes(story):
@@ -202,12 +229,14 @@ class Story:
         self.thread, self.outcome = run_in_thread(None, self._tell_then_submit)
 
     def _tell_then_submit(self) -> dict:
-        """The story, then the jobs on a new node b; then the cluster stops, so its
-        daemons idle beside no other test."""
+        """The story, then the jobs on a new node b, then `ray-ddp doctor` naming b, slowed;
+        then the cluster stops, so its daemons idle beside no other test."""
         try:
             told = self._tell()
             jobs_storage = self.storage / "jobs"
-            return {**told, "jobs": submit_jobs(self.cluster, jobs_storage), "jobs_storage": jobs_storage}
+            jobs = submit_jobs(self.cluster, jobs_storage)
+            return {**told, "jobs": jobs, "jobs_storage": jobs_storage,
+                    "doctor": doctor_with_a_slowed_node(self.cluster, self.storage / "doctor")}
         finally:
             self.cluster.stop()
 
