@@ -51,6 +51,16 @@ BESIDE_THE_STORIES = frozenset({"test_benchmarks", "test_cadence", "test_data", 
                                 "test_ray_data", "test_s3", "test_spawn", "test_tasks", "test_trust"})
 
 
+# Tests that wait on a story that starts with the suite and ends late (the multinode
+# story, then its jobs and its doctor): last in their process, so the other modules' runs
+# fill the wait instead of the process sitting in it.
+LAST_IN_THEIR_PROCESS = ("tests/integration/test_multinode.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.nodeid.startswith(LAST_IN_THEIR_PROCESS))  # stable: the rest keep their order
+
+
 def integration_group(nodeid: str) -> str:
     """The pytest process an integration test runs in: "stories" or "beside"."""
     module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
