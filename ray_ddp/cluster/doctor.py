@@ -151,16 +151,15 @@ def pair_rounds(nodes: list[str]) -> list[list[tuple[str, str]]]:
 
 def _measure_pairs(report: DoctorReport, probes: dict[str, Any], backend: str, mb: int, rounds: int) -> None:
     """An all-reduce between the two nodes of each pair (one rank on each)."""
-    import ray
-
     usable = [n.node_id for n in report.nodes if not n.problems]
     for pairs in pair_rounds(usable):
-        masters = dict(zip(pairs, ray.get([probes[a].address.remote() for a, _ in pairs], timeout=ANSWER_S)))
+        masters = _answers({pair: probes[pair[0]].address.remote() for pair in pairs})
         calls = {(pair, rank): probes[node].all_reduce.remote(rank, 2, masters[pair], backend, mb, rounds, ANSWER_S)
-                 for pair in pairs for rank, node in enumerate(pair)}
-        answers = _answers(calls)
+                 for pair in pairs if not isinstance(masters[pair], Exception) for rank, node in enumerate(pair)}
+        answers = _answers(calls) if calls else {}
         for a, b in pairs:
-            found = [answers[(a, b), 0], answers[(a, b), 1]]
+            lost = masters[a, b]  # no address from its first node: nothing was measured
+            found = [lost, lost] if isinstance(lost, Exception) else [answers[(a, b), 0], answers[(a, b), 1]]
             failed = next((f for f in found if isinstance(f, Exception)), None)
             busbw = None if failed else max(f["busbw_gb_s"] for f in found)
             report.pairs.append({"a": a, "b": b, "busbw_gb_s": busbw,
@@ -184,9 +183,10 @@ def _measure_group(report: DoctorReport, placement: PlacementConfig, mb: int, ro
         ranks = [actor.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                                scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote()
                  for i in range(placement.workers)]
-        master = ray.get(ranks[0].address.remote(), timeout=ANSWER_S)
-        answers = _answers({rank: r.all_reduce.remote(rank, len(ranks), master, placement.backend, mb, rounds,
-                                                      ANSWER_S) for rank, r in enumerate(ranks)})
+        master = _answers({0: ranks[0].address.remote()})[0]
+        answers = {0: master} if isinstance(master, Exception) else _answers(
+            {rank: r.all_reduce.remote(rank, len(ranks), master, placement.backend, mb, rounds, ANSWER_S)
+             for rank, r in enumerate(ranks)})
         for r in ranks:
             ray.kill(r)
     finally:
