@@ -60,7 +60,8 @@ def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConf
                         plan = plan_workers(run, scan, objects, init_from, model_loss, monitor.actor,
                                             ray_inputs[2] if ray_inputs else None)
                         # the steps an earlier fit's controller logged (it is gone): not logged twice
-                        tracking = tracking.resume() if tracking is not None else None
+                        if tracking is not None:
+                            tracking.resume()
                         (fit or fit_on_ray)(cfg, store, placement, plan, objects, tracking, ray_inputs)
                 finally:  # the restarts Ray Train made within this fit, before the next overwrites them
                     told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())

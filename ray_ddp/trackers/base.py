@@ -65,9 +65,6 @@ class Trackers:
         self.active = list(trackers)
         self.failed = list(failed or [])
 
-    def __bool__(self) -> bool:
-        return bool(self.active)
-
     def resume(self) -> "Trackers":
         """Each tracker as a new fit's controller needs it, in place: the driver keeps one
         set, whose failures its warning at the end names."""

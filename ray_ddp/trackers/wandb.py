@@ -28,7 +28,7 @@ INSTALL_HINT = "--wandb needs the wandb package: pip install 'ray_ddp[wandb]'"
 # per-rank series: a W&B chart of each rank's step time shows a straggler at a glance
 RANK_FIGURES = ("step_time_s", "samples_per_s", "tokens_per_s", "data_wait_share")
 # the run's shared figures as W&B names them (one chart section each)
-SHARED_FIGURES = ("tokens_per_s", "mfu", "grad_norm", "data_wait_share", "lr")
+SHARED_FIGURES = ("tokens_per_s", "mfu", "grad_norm", "lr")
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class WandbTracker(Tracker):
             self._session = _init(self.run)
         figures = {k: window.figures.get(k) for k in WINDOW_FIGURES}
         first = window.rows[0]
-        figures.update({k: first.get(k) for k in SHARED_FIGURES if k != "data_wait_share"})
+        figures.update({k: first.get(k) for k in SHARED_FIGURES})
         figures["world_size"] = len(window.rows)
         figures["epoch"] = first.get("epoch")
         for row in window.rows:
