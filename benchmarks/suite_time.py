@@ -14,8 +14,9 @@
               drives the in-process runs), ray-ddp commands, the install; and how many
               Ray Train runs (controllers) the suite started. Linux only.
 
-The budget (docs/testing.md): the fast lane at most 90 s, `bash .ci/run` at most 600 s on
-2 cores. One measurement, not paired rounds: there is no baseline to pair it with.
+The budget (docs/testing.md): the fast lane at most 60 s, the pytest run of a fresh
+clone's `bash .ci/run` at most 12 minutes on 2 cores. One measurement, not paired
+rounds: there is no baseline to pair it with.
 
     python benchmarks/suite_time.py
     python benchmarks/suite_time.py --by-process
