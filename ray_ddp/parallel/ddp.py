@@ -11,14 +11,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ray_ddp.checkpoint.load import load_checkpoint
 from ray_ddp.checkpoint.writer import CheckpointWriter
+from ray_ddp.parallel.materialize import make_room
 from ray_ddp.parallel.strategy import Strategy, no_context
 
 
 class DDPStrategy(Strategy):
     name = "ddp"
 
-    def setup_module(self, model: nn.Module, devices: Sequence[torch.device]) -> nn.Module:
+    def setup_module(self, model: nn.Module, devices: Sequence[torch.device], from_rank0: bool = False) -> nn.Module:
         cfg = self.cfg
+        if from_rank0:  # DDP's constructor broadcasts rank 0's parameters and buffers into this memory
+            make_room(model, devices[0])
         return wrap_ddp(model, devices, cfg.find_unused_parameters, bucket_view=not cfg.plain_ddp,
                         static_graph=cfg.static_graph, bucket_mb=cfg.bucket_mb)
 

@@ -23,13 +23,15 @@ from torch import nn
 
 from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter, load_sharded_checkpoint
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.parallel.materialize import receive_from_rank0
 from ray_ddp.parallel.strategy import Strategy, no_context
 from ray_ddp.parallel.units import shard_units
 
 
 class FSDPStrategy(Strategy):
-    """FSDP2: the whole model built in host memory, then only this rank's shards go to the
-    GPU; every rank writes its own shards; FSDP's mixed precision casts the parameters
+    """FSDP2: the whole model built in host memory by rank 0 only (the others build it on
+    the meta device and receive their shards of rank 0's weights), then only this rank's
+    shards go to the GPU; every rank writes its own shards; FSDP's mixed precision casts the parameters
     itself, so no autocast runs on top of it."""
 
     name = "fsdp"
@@ -39,8 +41,16 @@ class FSDPStrategy(Strategy):
     def build_devices(self, devices: Sequence[torch.device]) -> list[torch.device]:
         return [torch.device("cpu")]
 
-    def setup_module(self, model: nn.Module, devices: Sequence[torch.device]) -> nn.Module:
-        return shard_model(model, self.cfg, devices[0])  # before the optimizer: it holds the shards
+    def setup_module(self, model: nn.Module, devices: Sequence[torch.device], from_rank0: bool = False) -> nn.Module:
+        import torch.distributed as dist
+
+        # rank 0's whole weights, held by this dict while sharding replaces the parameters
+        full = model.state_dict() if from_rank0 and dist.get_rank() == 0 else None
+        sharded = shard_model(model, self.cfg, devices[0])  # before the optimizer: it holds the shards
+        if from_rank0:
+            collective = devices[0] if dist.get_backend() == "nccl" else torch.device("cpu")
+            receive_from_rank0(sharded, full, devices[0], collective)
+        return sharded
 
     def no_backward_sync(self, wrapped: nn.Module, sync: bool):
         wrapped.set_requires_gradient_sync(sync)
@@ -57,8 +67,8 @@ class FSDPStrategy(Strategy):
 
 
 def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
-    """Shard ``model`` (built whole on the CPU, the same on every rank: the same seed)
-    across the default process group; the shards move to ``device``. With ``--amp bf16``
+    """Shard ``model`` (built whole on the CPU, or on the meta device on a rank that
+    receives rank 0's weights next) across the default process group; the shards move to ``device``. With ``--amp bf16``
     parameters are gathered in bf16 and gradients reduced in fp32 (FSDP2's
     MixedPrecisionPolicy, instead of autocast); the model's output is fp32, for the loss."""
     import torch.distributed as dist

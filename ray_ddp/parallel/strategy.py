@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ray_ddp.parallel.materialize import broadcast_buffers
+
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -38,8 +40,10 @@ class Strategy:
         """Where the model is built before ``setup_module``."""
         return list(devices)
 
-    def setup_module(self, model: nn.Module, devices: Sequence[torch.device]) -> nn.Module:
-        """The module the forward and backward run through (the model may change in place)."""
+    def setup_module(self, model: nn.Module, devices: Sequence[torch.device], from_rank0: bool = False) -> nn.Module:
+        """The module the forward and backward run through (the model may change in place).
+        ``from_rank0``: only rank 0 built the weights, the others the shapes on the meta
+        device (parallel/materialize.py); the strategy gives every rank rank 0's values."""
         raise NotImplementedError
 
     def no_backward_sync(self, wrapped: nn.Module, sync: bool) -> ContextManager:
@@ -73,17 +77,8 @@ class Strategy:
         forward updates its own from its own rows, so they drift apart within a step; DDP
         broadcasts rank 0's at each forward, and this does the same before validation and
         a checkpoint, so every rank validates with, and hashes, the buffers rank 0 saves."""
-        if dist.get_world_size() == 1:
-            return
-        for buffer in model.buffers():
-            if hasattr(buffer, "to_local"):
-                continue  # a DTensor: FSDP keeps it consistent itself
-            if buffer.device == collective_device:
-                dist.broadcast(buffer, src=0)
-            else:  # gloo on CPU for buffers on a GPU (a two-stage model on gloo, never NCCL)
-                staged = buffer.to(collective_device)
-                dist.broadcast(staged, src=0)
-                buffer.copy_(staged)
+        if dist.get_world_size() > 1:
+            broadcast_buffers(model, collective_device)
 
 
 def no_context() -> ContextManager:

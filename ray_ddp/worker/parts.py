@@ -4,11 +4,13 @@ workers."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ray_ddp.checkpoint.format import TrainState
@@ -16,6 +18,7 @@ from ray_ddp.checkpoint.resume import load_checkpoint_to_resume
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.build import build_model
 from ray_ddp.models.init import apply_init_weights, holds_adapters, read_init_weights
+from ray_ddp.parallel.materialize import META, rank0_builds
 from ray_ddp.parallel.strategy import Strategy
 from ray_ddp.plan import WorkerPlan
 
@@ -57,23 +60,10 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
                 ) -> tuple[TrainParts, TrainState]:
     """The model on the strategy's devices, set up for the ranks, its optimizer, schedule
     and scaler, and the checkpoint loaded into them (``TrainState()`` for a new run).
-    The same seed on every rank gives the same initial weights (DDP also broadcasts rank
-    0's at wrap time); the checkpoint, loaded into the bare model after wrapping (the
-    parameters are the same tensors), makes them the saved ones: the plan's, or
-    ``latest_checkpoint``, the one Ray hands back after a restart within the run."""
-    torch.manual_seed(cfg.seed)
-
-    weights = read_init_weights(plan.init_from) if plan.init_from is not None else None
-
-    def init(model: nn.Module) -> None:  # a new run's first weights (before --lora, unless they hold adapters)
-        apply_init_weights(model, weights, plan.init_strict, plan.init_from)
-
-    model = build_model(cfg, strategy.build_devices(devices), given_model,
-                        init=init if weights is not None else None,
-                        init_adapters=weights is not None and holds_adapters(weights))
-    if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    wrapped = strategy.setup_module(model, devices)  # before the optimizer: FSDP's shards
+    The checkpoint, loaded into the bare model after wrapping (the parameters are the same
+    tensors), makes the weights the saved ones: the plan's, or ``latest_checkpoint``, the
+    one Ray hands back after a restart within the run."""
+    model, wrapped = build_model_on_ranks(cfg, strategy, devices, given_model, plan.init_from, plan.init_strict)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer, plan.total_steps)
     scaler = torch.amp.GradScaler(devices[0].type, enabled=cfg.amp == "fp16")
@@ -82,6 +72,30 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     state = load_checkpoint_to_resume(cfg, plan.resume_from, plan.newest_at_start, latest_checkpoint, strategy,
                                       model, optimizer, parts.stateful(), node_id, plan.snapshot_scope)
     return parts, state
+
+
+def build_model_on_ranks(cfg: TrainConfig, strategy: Strategy, devices: list[torch.device], given_model: Any,
+                         init_from: Optional[str] = None, init_strict: bool = True) -> tuple[nn.Module, nn.Module]:
+    """(the bare model, what the strategy wrapped it in) with a new run's first weights:
+    the seed's, or ``init_from``'s. With more than one rank only rank 0 builds the weights
+    and reads ``init_from``; the others build the shapes on the meta device and the
+    strategy gives them rank 0's values (parallel/materialize.py)."""
+    torch.manual_seed(cfg.seed)
+    from_rank0 = rank0_builds(cfg, given_model, dist.get_world_size())
+    shapes_only = from_rank0 and dist.get_rank() != 0
+    weights = read_init_weights(init_from) if init_from is not None and not shapes_only else None
+
+    def init(model: nn.Module) -> None:  # a new run's first weights (before --lora, unless they hold adapters)
+        apply_init_weights(model, weights, init_strict, init_from)
+
+    build_devices = strategy.build_devices(devices)
+    with torch.device(META) if shapes_only else contextlib.nullcontext():
+        model = build_model(cfg, [META] * len(build_devices) if shapes_only else build_devices, given_model,
+                            init=init if weights is not None else None,
+                            init_adapters=weights is not None and holds_adapters(weights))
+    if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model, strategy.setup_module(model, devices, from_rank0)  # before the optimizer: FSDP's shards
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
