@@ -12,11 +12,19 @@ rounds alternate the arms.
 - peak memory: the largest ``max_rss_mb`` of any rank in the metrics (a process's peak
   resident memory; on a GPU, use ``gpu_max_mb`` the same way: ``--gpus-per-worker 1``);
 - samples/s: all ranks' samples after the first metrics window over rank 0's wall time
-  for them, the median over the rounds.
+  for them, the median over the rounds;
+- start-up and training peaks of rank 0 and of the other ranks (the largest of them):
+  ``setup_max_rss_mb`` (the peak when the model, optimizer and checkpoint were ready,
+  before the first step) and ``max_rss_mb``. Only rank 0 builds the whole model (#59):
+  the others' start-up peak above the libraries' floor is given as a share of the
+  model's fp32 bytes. The floor: the same run (strategy, workers, optimizer) of a tiny
+  model of the same kind, once (``--hidden 64 --layers 2`` for hf-llama, ``--width 16
+  --depth 2`` for the mlp).
 
     python benchmarks/fsdp_memory.py                     # the README's figures
     python benchmarks/fsdp_memory.py --width 512 --depth 2 --rounds 1   # seconds (CI)
     python benchmarks/fsdp_memory.py --model hf-llama --rounds 2        # needs transformers
+    python benchmarks/fsdp_memory.py --model hf-llama --layers 22 --optimizer sgd --workers 4 --rounds 1
 
 The figures also go to benchmarks/results/fsdp_memory-<machine>-<date>.json
 (--results-dir, --no-save; see benchmarks/_results.py).
@@ -54,6 +62,11 @@ def write_llama(folder: str, args) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def tiny_args(args):
+    """The floor's model: the same kind, almost no parameters."""
+    return argparse.Namespace(**{**vars(args), "hidden": 64, "layers": 2, "width": 16, "depth": 2})
+
+
 def model_args(args, folder: str) -> list[str]:
     if args.model == "hf-llama":
         return ["--model", f"hf:{folder}/model", "--data", f"{folder}/data", "--task", "lm",
@@ -68,7 +81,7 @@ def run_arm(strategy: str, args, folder: str) -> dict:
     storage = tempfile.mkdtemp(prefix="bench_fsdp_")
     steps = args.steps
     cmd = [sys.executable, "-m", "ray_ddp", "train", "--strategy", strategy, *model_args(args, folder),
-           "--batch-size", str(args.batch_size), "--optimizer", "adamw",
+           "--batch-size", str(args.batch_size), "--optimizer", args.optimizer,
            "--lr", "1e-4", "--epochs", "1", "--steps-per-epoch", str(steps),
            "--report-every", str(max(1, steps // 3)), "--workers", str(args.workers),
            "--gpus-per-worker", str(args.gpus_per_worker), "--skip-final-model",
@@ -85,8 +98,15 @@ def run_arm(strategy: str, args, folder: str) -> dict:
     rank0 = sorted((r for r in rows if r["rank"] == 0), key=lambda r: r["step"])
     later = [r for r in rows if r["step"] > first]
     seconds = rank0[-1]["time"] - rank0[0]["time"]
+    others = [r for r in rows if r["rank"] > 0]
+
+    def most(key: str, of: list) -> float:
+        return max((r[key] for r in of if r.get(key) is not None), default=0.0)
+
     return {"peak_mb": max(r[memory_key] for r in rows),
-            "samples_per_s": sum(r["samples"] for r in later) / seconds}
+            "samples_per_s": sum(r["samples"] for r in later) / seconds,
+            "rank0_setup_mb": most(f"setup_{memory_key}", rank0), "others_setup_mb": most(f"setup_{memory_key}", others),
+            "rank0_peak_mb": most(memory_key, rank0), "others_peak_mb": most(memory_key, others)}
 
 
 def main(argv=None) -> int:
@@ -103,6 +123,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--gpus-per-worker", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _results import add_result_args, save_result
 
@@ -119,6 +140,11 @@ def main(argv=None) -> int:
         else:
             params = 256 * args.width + (args.depth - 1) * args.width ** 2 + args.width * 16
             what = f"mlp {params / 1e6:.1f}M parameters"
+        tiny_folder = os.path.join(folder, "tiny")
+        os.makedirs(tiny_folder)
+        if args.model == "hf-llama":
+            write_llama(tiny_folder, tiny_args(args))
+        floor = run_arm("fsdp", tiny_args(args), tiny_folder)
         results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
         for _ in range(args.rounds):
             for arm in ARMS:
@@ -126,7 +152,7 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     where = f"{args.gpus_per_worker} GPU" if args.gpus_per_worker else "CPU"
-    setup = (f"{what}, AdamW, {args.workers} workers ({where}), batch {args.batch_size} per worker, "
+    setup = (f"{what}, {'AdamW' if args.optimizer == 'adamw' else 'SGD (momentum)'}, {args.workers} workers ({where}), batch {args.batch_size} per worker, "
              f"median of {args.rounds} round(s)")
     print(setup)
     print("| strategy | peak memory per rank (MB) | samples/s |")
@@ -138,6 +164,22 @@ def main(argv=None) -> int:
         print(f"| {arm} | {peaks[arm]:,.0f} | {rate:,.0f} |")
     print(f"FSDP's peak is {peaks['fsdp'] / peaks['ddp']:.2f} x DDP's "
           f"({peaks['ddp'] - peaks['fsdp']:,.0f} MB less per rank)")
+    model_mb = params * 4 / 2**20
+    ranks = {arm: {key: statistics.median(r[key] for r in results[arm])
+                   for key in ("rank0_setup_mb", "others_setup_mb", "rank0_peak_mb", "others_peak_mb")}
+             for arm in ARMS}
+    # the other ranks' peaks above the floor's, as a share of the model's fp32 bytes
+    shares = {arm: {"setup": (ranks[arm]["others_setup_mb"] - floor["others_setup_mb"]) / model_mb,
+                    "peak": (ranks[arm]["others_peak_mb"] - floor["others_peak_mb"]) / model_mb} for arm in ARMS}
+    print(f"model {model_mb:,.0f} MB in fp32; floor (tiny model, fsdp): start-up {floor['others_setup_mb']:,.0f} MB, "
+          f"peak {floor['others_peak_mb']:,.0f} MB on ranks > 0")
+    print("| strategy | rank 0 start-up MB | ranks > 0 start-up MB | x model above floor | rank 0 peak MB "
+          "| ranks > 0 peak MB | x model above floor |")
+    print("|---|---|---|---|---|---|---|")
+    for arm in ARMS:
+        r = ranks[arm]
+        print(f"| {arm} | {r['rank0_setup_mb']:,.0f} | {r['others_setup_mb']:,.0f} | {shares[arm]['setup']:.2f} "
+              f"| {r['rank0_peak_mb']:,.0f} | {r['others_peak_mb']:,.0f} | {shares[arm]['peak']:.2f} |")
     # paired: each round's fsdp run against the ddp run just before it
     per_round = [{"round": i + 1, "order": list(ARMS), "arms": {arm: results[arm][i] for arm in ARMS},
                   "peak_ratio": results["fsdp"][i]["peak_mb"] / results["ddp"][i]["peak_mb"],
@@ -151,6 +193,9 @@ def main(argv=None) -> int:
         "paired_peak_ratio": statistics.median(r["peak_ratio"] for r in per_round),
         "samples_ratio": rates["fsdp"] / rates["ddp"],
         "paired_samples_ratio": statistics.median(r["samples_ratio"] for r in per_round),
+        "workers": args.workers, "optimizer": args.optimizer, "model_mb": model_mb, "floor": floor, "ranks": ranks,
+        "others_setup_share": {arm: shares[arm]["setup"] for arm in ARMS},
+        "others_peak_share": {arm: shares[arm]["peak"] for arm in ARMS},
     }, per_round, command=None if argv is None else ["python", "benchmarks/fsdp_memory.py", *argv])
     return 0
 

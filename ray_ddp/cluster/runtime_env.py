@@ -9,6 +9,7 @@ import os
 import types
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
+from ray_ddp.config.choices import SHARDED_STRATEGIES
 from ray_ddp.config.train import TrainConfig
 
 
@@ -31,7 +32,7 @@ def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[st
     modules = user_modules(cfg) + [m for obj in objects for m in object_modules(obj)]
     env = importable_env(*modules) if modules else {}
     extra = flight_recorder_env(cfg.name, cfg.hang_timeout)
-    if cfg.strategy == "fsdp" and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+    if cfg.strategy in SHARDED_STRATEGIES and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         extra.update(FSDP_MALLOC_ENV)
     if extra:
         env = {**env, "env_vars": {**env.get("env_vars", {}), **extra}}

@@ -11,11 +11,12 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from ray_ddp.config.choices import AMP_MODES, BACKENDS, BUILTIN_MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, TASKS
+from ray_ddp.config.choices import AMP_MODES, BACKENDS, BUILTIN_MODELS, OPTIMIZERS, SCHEDULES, TASKS
 from ray_ddp.config.workers import worker_range
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.callables import load_callable
 from ray_ddp.config.lora import parse_lora
+from ray_ddp.config.strategy_checks import check_strategy
 
 if TYPE_CHECKING:  # checks take a TrainConfig, which calls them: no import at run time
     from ray_ddp.config.train import TrainConfig
@@ -48,7 +49,8 @@ def validate_config(cfg: TrainConfig) -> None:
 _COUNTS = ("epochs", "batch_size", "keep", "checkpoint_every", "report_every", "width", "depth",
            "grad_accum", "heads", "seq_len", "vocab_size", "eval_every")
 _COUNTS_IF_GIVEN = ("cpus_per_worker", "num_classes", "global_batch", "early_stop", "steps_per_epoch",
-                    "input_dim", "output_dim", "max_steps", "checkpoint_every_steps", "eval_every_steps")
+                    "input_dim", "output_dim", "max_steps", "checkpoint_every_steps", "eval_every_steps",
+                    "fsdp_shard_size")
 
 
 def _check_counts(cfg: TrainConfig) -> None:
@@ -120,12 +122,7 @@ def _check_model_and_data(cfg: TrainConfig) -> None:
         raise ConfigError("--val-fraction splits rows held in memory; with --stream give --val-data")
     if cfg.model.startswith("hf:") and not cfg.model[3:].strip():
         raise ConfigError("--model hf:DIR needs the folder: hf:/path/to/saved_model")
-    if cfg.strategy not in STRATEGIES:
-        raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {cfg.strategy}")
-    if cfg.strategy == "fsdp":
-        _check_fsdp(cfg)
-    elif cfg.fsdp_wrap is not None:
-        raise ConfigError("--fsdp-wrap is for --strategy fsdp; add --strategy fsdp or drop it")
+    check_strategy(cfg)
     if cfg.model == "gpt" and cfg.width % cfg.heads:
         raise ConfigError(f"--width {cfg.width} must be a multiple of --heads {cfg.heads}")
     for flag, spec in (("--loss", cfg.loss), ("--collate", cfg.collate)):
@@ -133,28 +130,6 @@ def _check_model_and_data(cfg: TrainConfig) -> None:
             raise ConfigError(f"{flag} '{spec}' must look like package.module:callable")
     if cfg.dataset is not None and ":" not in cfg.dataset:
         raise ConfigError(f"--dataset '{cfg.dataset}' must look like package.module:callable")
-
-
-def _check_fsdp(cfg: TrainConfig) -> None:
-    """What FSDP cannot combine with, each refused in one line."""
-    if cfg.model == "toy-mp":
-        raise ConfigError("toy-mp splits the model over a GPU pair by hand; FSDP shards every layer "
-                          "across the ranks instead: use --model toy (or mlp) with --strategy fsdp")
-    if cfg.gpus_per_worker == 2:
-        raise ConfigError("--strategy fsdp gives each worker one GPU (it shards the model across the "
-                          "workers instead); use --gpus-per-worker 1")
-    if cfg.amp == "fp16":
-        raise ConfigError("--strategy fsdp trains in bf16 (FSDP2's mixed precision), not fp16 with "
-                          "a gradient scaler; use --amp bf16")
-    if cfg.find_unused_parameters:
-        raise ConfigError("--find-unused-parameters is a DDP setting; FSDP handles a forward that "
-                          "skips parameters itself: drop the flag")
-    for flag, value in (("--plain-ddp", cfg.plain_ddp), ("--static-graph", cfg.static_graph),
-                        ("--bucket-mb", cfg.bucket_mb)):
-        if value:
-            raise ConfigError(f"{flag} is a DDP setting; drop it with --strategy fsdp")
-    if cfg.fsdp_wrap is not None and not [c for c in cfg.fsdp_wrap.split(",") if c.strip()]:
-        raise ConfigError("--fsdp-wrap needs at least one class name, e.g. torch.nn.TransformerEncoderLayer")
 
 
 def _check_ray_data(cfg: TrainConfig) -> None:

@@ -125,13 +125,19 @@ class TrainConfig:
         default=None)
     strategy: str = _opt(
         "data parallelism: ddp (every rank holds the whole model, optimizer state and "
-        "gradients) or fsdp (PyTorch FSDP2: all three sharded across the ranks, so memory per "
-        "rank falls as the world grows; checkpoints are sharded, one file per rank)",
+        "gradients), fsdp (PyTorch FSDP2: all three sharded across the ranks, so memory per "
+        "rank falls as the world grows; checkpoints are sharded, one file per rank) or hsdp "
+        "(FSDP2 within a shard group, by default a node's ranks, the groups replicas whose "
+        "gradients are all-reduced: less traffic between nodes; fsdp's checkpoints)",
         default="ddp", choices=STRATEGIES)
     fsdp_wrap: Optional[str] = _opt(
         "with --strategy fsdp, the module classes sharded as one unit each, CLASS[,CLASS...] "
         "(package.module.Class, or a class name found in the model); default: each block of "
         "gpt, else every direct child of the model holding parameters", default=None)
+    fsdp_shard_size: Optional[int] = _opt(
+        "with --strategy hsdp, how many ranks share one copy of the model, each holding 1/N of "
+        "it (consecutive ranks; it must divide the world size); default: the ranks of a node",
+        default=None)
     skip_final_model: bool = _opt(
         "with --strategy fsdp, do not gather the whole model into the last checkpoint's "
         "model.pt (rank 0 would hold all of it in host memory; `ray-ddp export` makes one "

@@ -14,6 +14,7 @@ from ray_ddp.cluster.attach import ClusterConfig, attach_ray, refresh_elastic_vi
 from ray_ddp.cluster.preflight import ensure_cluster_fits, ensure_cpu_for_ray_data
 from ray_ddp.errors import ConfigError, TrainingError
 from ray_ddp.config.checks import check_devices, check_objects
+from ray_ddp.config.choices import SHARDED_STRATEGIES
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import PlacementConfig, plan_placement
@@ -116,7 +117,7 @@ def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, O
     plan = resolve(cfg, data_shape)
     check_model(plan.run_config(), objects.get("model"),
                 data_shape.example if data_shape is not None and loss is None else None,
-                more_checks=[functools.partial(check_fsdp_wrap, plan.run_config())] if cfg.strategy == "fsdp" else [])
+                more_checks=[functools.partial(check_fsdp_wrap, plan.run_config())] if cfg.strategy in SHARDED_STRATEGIES else [])
     check_tracking(cfg)  # an unreachable MLflow server: one line before Ray starts
     return cfg, data_shape, plan
 

@@ -16,6 +16,7 @@ from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row
 from ray_ddp.plan import saved_run_config
 from ray_ddp.checkpoint.names import RESUME_KEYS
+from ray_ddp.config.choices import SHARDED_STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, 
 def check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
     saved = saved_run_config(meta)  # what the checkpoint's run trained with
     for key in RESUME_KEYS:
-        if key in saved and saved[key] != getattr(cfg, key):
+        if key in saved and not _same_for_resume(key, saved[key], getattr(cfg, key)):
             raise ConfigError(
                 f"run {cfg.name} was trained with {key}={saved[key]!r} but this command has "
                 f"{key}={getattr(cfg, key)!r}; use the same value to resume, or a new --name"
@@ -93,6 +94,13 @@ def check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_
             f"{cfg.steps_per_epoch} steps an epoch (another global batch, --batch-size or data); "
             "resume with the same ones to finish that epoch, or use a new --name"
         )
+
+
+def _same_for_resume(key: str, saved: Any, given: Any) -> bool:
+    """fsdp and hsdp write the same sharded checkpoints (DCP's), so either resumes the other."""
+    if key == "strategy":
+        return (saved in SHARDED_STRATEGIES) == (given in SHARDED_STRATEGIES)
+    return saved == given
 
 
 def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], None]) -> None:

@@ -14,7 +14,8 @@ COLUMNS = ("epoch", "step", "rank", "loss", "samples", "step_time_s", "samples_p
            "world_size", "node_rank", "node_id", "lr", "weights_hash", "loaded_hash", "max_rss_mb",
            "gpu_max_mb", "started_at", "first_step_at", "accuracy", "perplexity", "preempted_node",
            "preemption_deadline", "units", "early_stopped", "tokens", "tokens_per_s", "data_wait_s",
-           "data_wait_share", "grad_norm", "mfu", "checkpoint_save_s", "checkpoint_upload_s")
+           "data_wait_share", "grad_norm", "mfu", "checkpoint_save_s", "checkpoint_upload_s",
+           "setup_max_rss_mb", "setup_gpu_max_mb")
 
 
 SCHEMA = pa.schema([
@@ -44,6 +45,9 @@ SCHEMA = pa.schema([
     # copy (the wait for the previous upload included), and its write into run storage
     # (on a later row if it was still writing)
     ("checkpoint_save_s", pa.float64()), ("checkpoint_upload_s", pa.float64()),
+    # on a group's first row: max_rss_mb and gpu_max_mb when the model, optimizer and
+    # checkpoint were ready, before the first step (what a rank's start-up took)
+    ("setup_max_rss_mb", pa.float64()), ("setup_gpu_max_mb", pa.float64()),
 ])
 
 

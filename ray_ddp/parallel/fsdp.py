@@ -46,11 +46,19 @@ class FSDPStrategy(Strategy):
 
         # rank 0's whole weights, held by this dict while sharding replaces the parameters
         full = model.state_dict() if from_rank0 and dist.get_rank() == 0 else None
-        sharded = shard_model(model, self.cfg, devices[0])  # before the optimizer: it holds the shards
+        # before the optimizer: it holds the shards
+        sharded = shard_model(model, self.cfg, devices[0], self.mesh(devices[0]))
         if from_rank0:
             collective = devices[0] if dist.get_backend() == "nccl" else torch.device("cpu")
             receive_from_rank0(sharded, full, devices[0], collective)
         return sharded
+
+    def mesh(self, device: torch.device):
+        """The ranks the model is sharded over: all of them."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device.type, (dist.get_world_size(),))
 
     def no_backward_sync(self, wrapped: nn.Module, sync: bool):
         wrapped.set_requires_gradient_sync(sync)
@@ -66,16 +74,15 @@ class FSDPStrategy(Strategy):
         return load_sharded_checkpoint(directory, model, optimizer, stateful)  # each rank its own shards
 
 
-def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
+def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device, mesh=None) -> nn.Module:
     """Shard ``model`` (built whole on the CPU, or on the meta device on a rank that
-    receives rank 0's weights next) across the default process group; the shards move to ``device``. With ``--amp bf16``
+    receives rank 0's weights next) across ``mesh`` (default: every rank; a 2-D mesh of
+    replicas x shards is HSDP); the shards move to ``device``. With ``--amp bf16``
     parameters are gathered in bf16 and gradients reduced in fp32 (FSDP2's
     MixedPrecisionPolicy, instead of autocast); the model's output is fp32, for the loss."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = mesh if mesh is not None else FSDPStrategy(cfg).mesh(device)
     policy, root_policy = MixedPrecisionPolicy(), MixedPrecisionPolicy()
     if cfg.amp == "bf16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -34,7 +34,7 @@ from ray_ddp.tasks.batches import takes_keyword
 from ray_ddp.tasks.build import build_task
 from ray_ddp.worker.checks import raise_if_not_finite, weights_are_finite
 from ray_ddp.worker.collectives import shorten_collective_timeout
-from ray_ddp.worker.devices import worker_devices
+from ray_ddp.worker.devices import peak_memory_mb, worker_devices
 from ray_ddp.worker.flops import flops_per_token, peak_flops
 from ray_ddp.worker.heartbeat import Heartbeat, group_id
 from ray_ddp.worker.parts import TrainParts, build_parts
@@ -72,9 +72,10 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
         # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
         # follows the CPUs it asked for, but torch may have read it before)
         torch.set_num_threads(cfg.cpus_per_worker or 1)
-        parts, state = build_parts(cfg, plan, build_strategy(cfg), devices, objects.get("model"),
+        parts, state = build_parts(cfg, plan, build_strategy(cfg, session.node_id), devices, objects.get("model"),
                                    session.latest_checkpoint(), session.node_id)
         loaded_hash = check_ranks_resumed_alike(state.step, lambda: weights_hash(parts.model))
+        setup_memory = {f"setup_{k}": v for k, v in peak_memory_mb(devices[0]).items()}  # before any step
         if len(state.rng) == world_size:
             restore_rng(state.rng[rank], devices)
         else:  # a new run, or another world size: independent dropout-like noise per rank
@@ -90,7 +91,8 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
                               min(5.0, max(0.5, cfg.hang_timeout / 10)), state.step, group)
         run = WorkerRun(plan, cut, session, parts, task, source, val_set, state,
                         {"loaded_hash": loaded_hash, "started_at": started_at, "resumed_at": state.step,
-                         "resumed_from": state.loaded_from, "resumed_from_node": state.loaded_from_node},
+                         "resumed_from": state.loaded_from, "resumed_from_node": state.loaded_from_node,
+                         **setup_memory},
                         heartbeat)
     try:
         run.train()

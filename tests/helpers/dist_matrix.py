@@ -78,7 +78,9 @@ def one_step(rank: int, world: int, cases: list, global_rows: int, micro_batches
     out = {}
     for kind, strategy_name in cases:
         model = tiny(kind)
-        parts = _parts(model, TrainConfig(strategy=strategy_name))
+        # hsdp: shard groups of 2 ranks, replicas of each other
+        parts = _parts(model, TrainConfig(strategy=strategy_name,
+                                          fsdp_shard_size=2 if strategy_name == "hsdp" else None))
         x = rows(kind, global_rows)
         count = len(x["labels"])  # ray_ddp's own tasks: one row short, so the cut is uneven
         cut = torch.tensor_split(torch.arange(count), world * micro_batches)
@@ -185,9 +187,9 @@ def _whole(p: torch.Tensor) -> torch.Tensor:
     return (full() if full is not None else p).detach().clone()
 
 
-def write_a_sharded_checkpoint(rank: int, world: int, folder: str) -> int:
-    """Two AdamW steps of a GPT sharded over this group (FSDP), each rank on rows of its
-    own, then ray_ddp's sharded checkpoint of it in ``folder``/step-00000002, every rank
+def write_a_sharded_checkpoint(rank: int, world: int, folder: str, strategy: str = "fsdp") -> int:
+    """Two AdamW steps of a GPT sharded over this group (FSDP; or HSDP, 2 ranks a shard
+    group), each rank on rows of its own, then ray_ddp's sharded checkpoint of it in ``folder``/step-00000002, every rank
     writing its shards as the worker loop does; the whole weights' hash."""
     import pyarrow.fs as pafs
 
@@ -195,7 +197,9 @@ def write_a_sharded_checkpoint(rank: int, world: int, folder: str) -> int:
     from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter
     from ray_ddp.checkpoint.verify import weights_hash
 
-    model, optimizer = _sharded_gpt(seed=0)
+    model, optimizer = _sharded_gpt(seed=0, strategy=strategy)
+    if strategy == "hsdp":  # replicated across the groups, sharded within one
+        assert [type(p).__name__ for p in next(model.parameters()).placements] == ["Replicate", "Shard"]
     ids = torch.randint(0, 16, (4, 4), generator=torch.Generator().manual_seed(rank))
     for _ in range(2):
         optimizer.zero_grad()
@@ -209,26 +213,29 @@ def write_a_sharded_checkpoint(rank: int, world: int, folder: str) -> int:
     return weights_hash(model)
 
 
-def load_a_sharded_checkpoint(rank: int, world: int, folder: str) -> tuple[int, int]:
+def load_a_sharded_checkpoint(rank: int, world: int, folder: str, strategy: str = "fsdp") -> tuple[int, int]:
     """A fresh GPT (other weights) sharded over this group, loaded from ``folder``'s
     step-00000002 as a resume does: its whole weights' hash, and AdamW's step count."""
     from ray_ddp.checkpoint.sharded import load_sharded_checkpoint
     from ray_ddp.checkpoint.verify import weights_hash
 
-    model, optimizer = _sharded_gpt(seed=1)
+    model, optimizer = _sharded_gpt(seed=1, strategy=strategy)
     loaded = load_sharded_checkpoint(f"{folder}/step-00000002", model, optimizer)
     assert (loaded.epoch, loaded.step) == (1, 2)
     return weights_hash(model), int(optimizer.state_dict()["state"][0]["step"])
 
 
-def _sharded_gpt(seed: int):
+def _sharded_gpt(seed: int, strategy: str = "fsdp"):
     from ray_ddp.config.train import TrainConfig
     from ray_ddp.models.builtin import GPT
+    from ray_ddp.parallel.build import build_strategy
     from ray_ddp.parallel.fsdp import shard_model
 
     torch.manual_seed(seed)
-    model = shard_model(GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4),
-                        TrainConfig(strategy="fsdp", model="gpt"), torch.device("cpu"))
+    cpu = torch.device("cpu")
+    cfg = TrainConfig(strategy=strategy, model="gpt", fsdp_shard_size=2 if strategy == "hsdp" else None)
+    model = shard_model(GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4), cfg, cpu,
+                        build_strategy(cfg).mesh(cpu))
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 

@@ -118,6 +118,18 @@ def test_a_sharded_checkpoint_of_2_ranks_loads_exactly_on_1_and_on_3():
             assert run_on_ranks(world, load_a_sharded_checkpoint, folder) == [(wrote[0], 2)] * world, world
 
 
+def test_an_hsdp_checkpoint_of_2_replicas_x_2_shards_loads_under_fsdp_and_hsdp():
+    # each replica trains on rows of its own, and the gradients' all-reduce across the
+    # replicas keeps one model; DCP reshards it for fsdp on 3 ranks and hsdp 2 x 2
+    from dist_matrix import load_a_sharded_checkpoint, run_on_ranks, write_a_sharded_checkpoint
+
+    with tempfile.TemporaryDirectory() as folder:
+        wrote = run_on_ranks(4, write_a_sharded_checkpoint, folder, "hsdp")
+        assert len(set(wrote)) == 1, "one model, however sharded and replicated"
+        assert run_on_ranks(3, load_a_sharded_checkpoint, folder, "fsdp") == [(wrote[0], 2)] * 3
+        assert run_on_ranks(4, load_a_sharded_checkpoint, folder, "hsdp") == [(wrote[0], 2)] * 4
+
+
 def test_export_consolidates_the_shards_into_a_plain_model_pt(fsdp_runs, storage, tmp_path, capsys):
     reference = fsdp_runs[0]["gpt"]
     rows = rows_of(reference)

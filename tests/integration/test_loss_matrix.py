@@ -3,7 +3,8 @@ own tasks, DDP and FSDP. The heads' own losses on 8 ragged rows (labels of diffe
 lengths, rows with no label token, and one rank's whole second micro-batch with none:
 prompt-only rows), a GPT-2 under --lora's adapters among them; ray_ddp's cross-entropy and mean squared error on its MLP over 7 rows
 (micro-batches of 2 and 1 rows). Each trained one step by ray_ddp's own step on 1 worker
-taking the whole batch and on 2 workers x 2 micro-batches, against one plain process
+taking the whole batch, on 2 workers x 2 micro-batches, and under HSDP on 4 workers (2
+replicas x 2 shards), against one plain process
 taking the loss over all the rows at once. The same weights, to float tolerance: this is
 the test that catches a mis-weighted head, a NaN from an empty or prompt-only
 micro-batch, and an accumulation or world-size cut that counts wrong.
@@ -46,17 +47,19 @@ def reference(kind: str) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def stepped():
-    """Both cuts, each in its own process group: {world: rank 0's weights per case}."""
-    return {world: run_on_ranks(world, one_step, CASES, GLOBAL_ROWS, micro)[0]
-            for world, micro in ((1, 1), (2, 2))}
+    """Each cut in its own process group: {world: rank 0's weights per case}; 4 ranks:
+    HSDP, 2 replicas of 2 shards, a micro-batch each."""
+    out = {world: run_on_ranks(world, one_step, CASES, GLOBAL_ROWS, micro)[0] for world, micro in ((1, 1), (2, 2))}
+    out[4] = run_on_ranks(4, one_step, [(kind, "hsdp") for kind in KINDS], GLOBAL_ROWS, 1)[0]
+    return out
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_cut_gives_the_weights_of_the_single_process_reference(stepped, kind):
     want = reference(kind)
     assert not all(torch.isnan(w).any() for w in want.values())
-    for world in (1, 2):
-        for strategy in ("ddp", "fsdp"):
+    for world, strategies in ((1, ("ddp", "fsdp")), (2, ("ddp", "fsdp")), (4, ("hsdp",))):
+        for strategy in strategies:
             got = stepped[world][(kind, strategy)]
             assert set(got) == set(want)
             for name, weight in want.items():

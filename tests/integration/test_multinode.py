@@ -1,6 +1,6 @@
 """A real two-node Ray cluster on this machine (a 1-CPU head and a 1-CPU worker node "b" on
 loopback, with Ray's token authentication on; see _cluster.py), and what runs on it:
-- `ray job submit` of a training job across both nodes, and of one that cannot fit;
+- `ray job submit` of a training job across both nodes (under HSDP), and of one that cannot fit;
 - an elastic run (`--workers 1-2`) that loses node b without notice and shrinks, then a
   later run that grows back onto a new node b, where b is then drained for preemption
   the way the autoscaler does it (`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`)
@@ -101,8 +101,10 @@ def submit_jobs(c: LoopbackCluster, storage) -> dict:
     if "b" not in c.procs:  # it comes late to each of the doctor's all-reduces (after the jobs)
         c.add_node("b", env={DELAY_ENV: "0.4"})
     jobs = {}
+    # job1 under HSDP: each node's ranks a shard group (here one rank each), the two nodes
+    # replicas whose gradients are all-reduced
     for name, args in (("job1", ["--workers", "2", "--epochs", "2", "--steps-per-epoch", "10",
-                                 "--report-every", "5", "--json"]),
+                                 "--report-every", "5", "--strategy", "hsdp", "--json"]),
                        ("nofit", ["--gpus-per-worker", "1", "--workers", "8"])):
         env = {**c.env, "RAY_ADDRESS": c.dashboard, "STORAGE": str(storage), "NAME": name}
         started = time.time()
@@ -146,6 +148,8 @@ def test_submit_job_trains_across_two_nodes(story):
     assert job["status"] == "SUCCEEDED"
     summary = json.loads([l for l in out.stdout.splitlines() if l.startswith('{"run"')][-1])
     assert (summary["world_size"], summary["epochs_completed"]) == (2, 2)
+    # hsdp's checkpoints: DCP's shards, and the last one gathered into model.pt
+    assert os.path.isfile(os.path.join(summary["checkpoint"], ".metadata"))
     assert os.path.isfile(os.path.join(summary["checkpoint"], "model.pt"))
     rows = pq.read_table(storage / "job1" / "metrics.parquet").to_pylist()
     assert sorted((r["step"], r["rank"]) for r in rows) == [(s, r) for s in (5, 10, 15, 20) for r in (0, 1)]

@@ -204,8 +204,14 @@ def fake_data_throughput(mod, monkeypatch):
 
 
 def fake_fsdp_memory(mod, monkeypatch):
-    monkeypatch.setattr(mod, "run_arm", lambda strategy, args, folder: {
-        "peak_mb": 1000.0 if strategy == "ddp" else 700.0, "samples_per_s": 100.0 if strategy == "ddp" else 30.0})
+    def run_arm(strategy, args, folder):
+        tiny = args.width == 16
+        others = 300.0 if tiny else 1000.0 if strategy == "ddp" else 450.0
+        return {"peak_mb": 1000.0 if strategy == "ddp" else 700.0, "samples_per_s": 100.0 if strategy == "ddp" else 30.0,
+                "rank0_setup_mb": 900.0, "others_setup_mb": others, "rank0_peak_mb": 1000.0,
+                "others_peak_mb": others + 100.0}
+
+    monkeypatch.setattr(mod, "run_arm", run_arm)
     return lambda out: mod.main(["--rounds", "2", "--results-dir", out]), 2
 
 

@@ -175,3 +175,27 @@ def test_fsdp_on_cpu_workers_returns_freed_gather_buffers_to_the_os(monkeypatch)
     assert worker_runtime_env(TrainConfig(gpus_per_worker=0, hang_timeout=0)) == {}  # DDP allocates once
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")  # the user's own choice wins
     assert worker_runtime_env(fsdp(gpus_per_worker=0, hang_timeout=0)) == {}
+
+
+def test_hsdp_shards_within_a_node_unless_told_and_the_group_divides_the_world():
+    from ray_ddp.parallel.hsdp import shard_group_size
+
+    assert shard_group_size(None, ["a", "a", "b", "b"]) == 2  # a node's ranks
+    assert shard_group_size(4, ["a", "a", "b", "b"]) == 4  # one group across both nodes: fsdp
+    assert shard_group_size(1, ["a", "a", "b", "b"]) == 1  # every rank a replica: ddp's memory
+    with pytest.raises(ConfigError, match="the nodes hold 1 and 3 ranks; give --fsdp-shard-size N"):
+        shard_group_size(None, ["a", "b", "b", "b"])
+    with pytest.raises(ConfigError, match="--fsdp-shard-size 3 does not divide the 4 ranks"):
+        shard_group_size(3, ["a"] * 4)
+
+
+def test_fsdp_and_hsdp_resume_each_other_but_not_ddp():
+    """Both write DCP's shards, which reshard on load; a DDP checkpoint is one model.pt."""
+    from ray_ddp.driver.start import check_resumable
+
+    meta = {"epoch": 1, "step": 4, "config": {"strategy": "fsdp"}, "plan": {}}
+    check_resumable(TrainConfig(name="r", strategy="hsdp"), meta, "step-00000004", data_decides_steps=True)
+    check_resumable(TrainConfig(name="r", strategy="fsdp"), {**meta, "config": {"strategy": "hsdp"}},
+                    "step-00000004", data_decides_steps=True)
+    with pytest.raises(ConfigError, match="trained with strategy='fsdp' but this command has strategy='ddp'"):
+        check_resumable(TrainConfig(name="r", strategy="ddp"), meta, "step-00000004", data_decides_steps=True)
