@@ -88,6 +88,9 @@ def run_arm(strategy: str, args, folder: str) -> dict:
            "--storage", storage, "--name", "run", "--quiet"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 and "ran out of host memory" in proc.stdout + proc.stderr:
+            print(f"{strategy}: ran out of host memory on {args.workers} workers")
+            return {"out_of_memory": True}
         if proc.returncode != 0:
             raise SystemExit(f"{strategy} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         rows = pq.read_table(os.path.join(storage, "run", "metrics.parquet")).to_pylist()
@@ -107,6 +110,14 @@ def run_arm(strategy: str, args, folder: str) -> dict:
             "samples_per_s": sum(r["samples"] for r in later) / seconds,
             "rank0_setup_mb": most(f"setup_{memory_key}", rank0), "others_setup_mb": most(f"setup_{memory_key}", others),
             "rank0_peak_mb": most(memory_key, rank0), "others_peak_mb": most(memory_key, others)}
+
+
+def _mb(value) -> str:
+    return "out of memory" if value is None else f"{value:,.0f}"
+
+
+def _share(value) -> str:
+    return "" if value is None else f"{value:.2f}"
 
 
 def main(argv=None) -> int:
@@ -157,20 +168,25 @@ def main(argv=None) -> int:
     print(setup)
     print("| strategy | peak memory per rank (MB) | samples/s |")
     print("|---|---|---|")
-    peaks, rates = {}, {}
+    fit = {arm: [r for r in results[arm] if not r.get("out_of_memory")] for arm in ARMS}  # a DDP that did not fit: none
+    keys = ("peak_mb", "samples_per_s", "rank0_setup_mb", "others_setup_mb", "rank0_peak_mb", "others_peak_mb")
+    med = {arm: {k: statistics.median(r[k] for r in fit[arm]) if fit[arm] else None for k in keys} for arm in ARMS}
+    peaks = {arm: med[arm]["peak_mb"] for arm in ARMS}
+    rates = {arm: med[arm]["samples_per_s"] for arm in ARMS}
     for arm in ARMS:
-        peaks[arm] = statistics.median(r["peak_mb"] for r in results[arm])
-        rate = rates[arm] = statistics.median(r["samples_per_s"] for r in results[arm])
-        print(f"| {arm} | {peaks[arm]:,.0f} | {rate:,.0f} |")
-    print(f"FSDP's peak is {peaks['fsdp'] / peaks['ddp']:.2f} x DDP's "
-          f"({peaks['ddp'] - peaks['fsdp']:,.0f} MB less per rank)")
+        print(f"| {arm} | {_mb(peaks[arm])} | {_mb(rates[arm])} |")
+    both = peaks["ddp"] is not None and peaks["fsdp"] is not None
+    if both:
+        print(f"FSDP's peak is {peaks['fsdp'] / peaks['ddp']:.2f} x DDP's "
+              f"({peaks['ddp'] - peaks['fsdp']:,.0f} MB less per rank)")
     model_mb = params * 4 / 2**20
-    ranks = {arm: {key: statistics.median(r[key] for r in results[arm])
-                   for key in ("rank0_setup_mb", "others_setup_mb", "rank0_peak_mb", "others_peak_mb")}
-             for arm in ARMS}
-    # the other ranks' peaks above the floor's, as a share of the model's fp32 bytes
-    shares = {arm: {"setup": (ranks[arm]["others_setup_mb"] - floor["others_setup_mb"]) / model_mb,
-                    "peak": (ranks[arm]["others_peak_mb"] - floor["others_peak_mb"]) / model_mb} for arm in ARMS}
+    ranks = {arm: {k: med[arm][k] for k in keys[2:]} for arm in ARMS}
+
+    def above_floor(arm: str, key: str):  # the other ranks' peak above the floor's, as a share of the model
+        return None if med[arm][key] is None else (med[arm][key] - floor[key]) / model_mb
+
+    shares = {arm: {"setup": above_floor(arm, "others_setup_mb"), "peak": above_floor(arm, "others_peak_mb")}
+              for arm in ARMS}
     print(f"model {model_mb:,.0f} MB in fp32; floor (tiny model, fsdp): start-up {floor['others_setup_mb']:,.0f} MB, "
           f"peak {floor['others_peak_mb']:,.0f} MB on ranks > 0")
     print("| strategy | rank 0 start-up MB | ranks > 0 start-up MB | x model above floor | rank 0 peak MB "
@@ -178,21 +194,25 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     for arm in ARMS:
         r = ranks[arm]
-        print(f"| {arm} | {r['rank0_setup_mb']:,.0f} | {r['others_setup_mb']:,.0f} | {shares[arm]['setup']:.2f} "
-              f"| {r['rank0_peak_mb']:,.0f} | {r['others_peak_mb']:,.0f} | {shares[arm]['peak']:.2f} |")
+        print(f"| {arm} | {_mb(r['rank0_setup_mb'])} | {_mb(r['others_setup_mb'])} | {_share(shares[arm]['setup'])} "
+              f"| {_mb(r['rank0_peak_mb'])} | {_mb(r['others_peak_mb'])} | {_share(shares[arm]['peak'])} |")
     # paired: each round's fsdp run against the ddp run just before it
+    paired = [i for i in range(args.rounds) if not any(results[arm][i].get("out_of_memory") for arm in ARMS)]
     per_round = [{"round": i + 1, "order": list(ARMS), "arms": {arm: results[arm][i] for arm in ARMS},
-                  "peak_ratio": results["fsdp"][i]["peak_mb"] / results["ddp"][i]["peak_mb"],
-                  "samples_ratio": results["fsdp"][i]["samples_per_s"] / results["ddp"][i]["samples_per_s"]}
+                  "peak_ratio": results["fsdp"][i]["peak_mb"] / results["ddp"][i]["peak_mb"] if i in paired else None,
+                  "samples_ratio": results["fsdp"][i]["samples_per_s"] / results["ddp"][i]["samples_per_s"]
+                  if i in paired else None}
                  for i in range(args.rounds)]
+    out_of_memory = ", ".join(arm for arm in ARMS if not fit[arm])  # the arms that did not fit this host
     save_result(args, "fsdp_memory", {
         "setup": setup, "model": args.model, "parameters": params, "baseline": "ddp", "paired_rounds": args.rounds,
         "memory": "gpu_max_mb" if args.gpus_per_worker else "max_rss_mb",
-        "peak_mb": peaks, "samples_per_s": rates,
-        "peak_ratio": peaks["fsdp"] / peaks["ddp"], "peak_saved_mb": peaks["ddp"] - peaks["fsdp"],
-        "paired_peak_ratio": statistics.median(r["peak_ratio"] for r in per_round),
-        "samples_ratio": rates["fsdp"] / rates["ddp"],
-        "paired_samples_ratio": statistics.median(r["samples_ratio"] for r in per_round),
+        "peak_mb": peaks, "samples_per_s": rates, "out_of_memory": out_of_memory,
+        "peak_ratio": peaks["fsdp"] / peaks["ddp"] if both else None,
+        "peak_saved_mb": peaks["ddp"] - peaks["fsdp"] if both else None,
+        "paired_peak_ratio": statistics.median(per_round[i]["peak_ratio"] for i in paired) if paired else None,
+        "samples_ratio": rates["fsdp"] / rates["ddp"] if both else None,
+        "paired_samples_ratio": statistics.median(per_round[i]["samples_ratio"] for i in paired) if paired else None,
         "workers": args.workers, "optimizer": args.optimizer, "model_mb": model_mb, "floor": floor, "ranks": ranks,
         "others_setup_share": {arm: shares[arm]["setup"] for arm in ARMS},
         "others_peak_share": {arm: shares[arm]["peak"] for arm in ARMS},

@@ -10,6 +10,8 @@ steps; torchrun: rank 0's own clock).
     python benchmarks/gpt_tokens.py                     # 2 CPU workers, small sizes
     python benchmarks/gpt_tokens.py --width 512 --depth 8 --seq-len 256 --batch-size 32   # a GPU
     python benchmarks/gpt_tokens.py --hf                # a Hugging Face GPT-2 on its own loss
+    python benchmarks/gpt_tokens.py --hf --gpus-per-worker 1 --workers 1 --width 768 --depth 12 \
+        --heads 12 --seq-len 512 --vocab-size 50257 --batch-size 8   # GPT-2 small on a GPU
 
 With ``--hf`` both arms train a ``transformers`` GPT2LMHeadModel of the same sizes (a
 ``save_pretrained`` folder made here) on its own loss, from rows as Hugging Face users hold
@@ -53,7 +55,8 @@ def run_arm(arm: str, args, data: str) -> float:
             else ["--data", data, "--task", "lm", "--model", "gpt", *sizes(args)]
         cmd = [sys.executable, "-m", "ray_ddp", "train", *model, "--batch-size", str(args.batch_size),
                "--lr", str(args.lr), "--optimizer", "adamw", "--epochs", "1", "--workers", str(args.workers),
-               "--report-every", str(args.warmup), "--storage", out, "--name", "run", "--quiet", "--json"]
+               "--report-every", str(args.warmup), "--storage", out, "--name", "run", "--quiet", "--json",
+               "--gpus-per-worker", str(args.gpus_per_worker)]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     if arm == "torchrun":
         # one intra-op thread per rank, as ray-ddp's workers run (one per reserved CPU):
@@ -104,6 +107,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed steps, a multiple of --warmup")
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--gpus-per-worker", type=int, default=0,
+                        help="1: each worker on a GPU (torchrun's ranks take one each whenever CUDA is there)")
     parser.add_argument("--hf", action="store_true",
                         help="a Hugging Face GPT2LMHeadModel on its own loss, rows from a datasets folder")
     sys.path.insert(0, HERE)
@@ -132,8 +137,10 @@ def main() -> None:
     shutil.rmtree(data, ignore_errors=True)
     base = statistics.median(results["torchrun"])
     name = "hf GPT2LMHeadModel (its own loss, datasets rows)" if args.hf else "gpt"
-    print(f"\n{name} {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
-          f"{args.batch_size} sequences/worker, {args.workers} workers, {os.cpu_count()} CPUs")
+    where = f"{args.workers} workers on GPUs" if args.gpus_per_worker else f"{args.workers} workers"
+    setup = (f"{name} {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
+             f"{args.batch_size} sequences/worker, {where}, {os.cpu_count()} CPUs")
+    print(f"\n{setup}")
     print("| arm | tokens/s (median) | x torchrun | rounds |")
     print("|---|---|---|---|")
     for arm in ("torchrun", "ray-ddp"):
@@ -145,8 +152,7 @@ def main() -> None:
                   "arms": {arm: {"tokens_per_s": results[arm][i]} for arm in results}, "paired_ratio": paired[i]}
                  for i in range(args.rounds)]
     save_result(args, "gpt_tokens", {
-        "setup": f"{name} {args.width}x{args.depth} (heads {args.heads}), seq {args.seq_len}, "
-                 f"{args.batch_size} sequences/worker, {args.workers} workers, {os.cpu_count()} CPUs",
+        "setup": setup,
         "baseline": "torchrun", "paired_rounds": args.rounds,
         "tokens_per_s": {arm: statistics.median(v) for arm, v in results.items()},
         "ratio": statistics.median(results["ray-ddp"]) / base,

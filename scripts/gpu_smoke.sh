@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU path in one go, for whoever has a GPU machine: the GPU tests, then a short
 # throughput run of a transformer-sized mlp (bf16) with achieved TFLOP/s, under DDP and
-# under FSDP, `ray-ddp doctor` (matmul TFLOP/s per GPU, NCCL bus bandwidth), and ray-ddp
-# against torchrun (benchmarks/throughput.py --preset gpu). Under 8 minutes.
+# under FSDP, `ray-ddp doctor` (matmul TFLOP/s per GPU, NCCL bus bandwidth), ray-ddp
+# against torchrun (benchmarks/throughput.py --preset gpu), an HF GPT-2 small on its own
+# loss against torchrun (3 paired rounds), the built-in gpt at GPT-2-small shape in bf16
+# with --compile (its mfu), and FSDP's start-up GPU memory of an HF Llama
+# (benchmarks/fsdp_memory.py). Under 8 minutes; the result files land in OUT.
 #   bash scripts/gpu_smoke.sh            (after bash scripts/install.sh on a CUDA machine)
 # PY=python (default .venv/bin/python), OUT=DIR for the reports (default /tmp/ray_ddp_gpu_smoke),
 # RUNS=DIR for the runs' folders (default OUT/runs).
@@ -56,5 +59,23 @@ doctor_rc=$?
 # its result file (throughput-<machine>-<date>.json) lands in OUT: copy it to benchmarks/results/
 "$PY" benchmarks/throughput.py --preset gpu --rounds 1 --results-dir "$OUT" 2>&1 | tee "$OUT/vs_torchrun.txt" | tail -6
 bench_rc=${PIPESTATUS[0]}
-echo "gpu tests exit $tests_rc, throughput runs exit ddp $train_rc fsdp $fsdp_rc, vs torchrun exit $bench_rc, doctor exit $doctor_rc"
-exit $(( tests_rc || train_rc || fsdp_rc || bench_rc || doctor_rc > 1 ))
+# an HF GPT-2 small (768 x 12) on its own loss: ray-ddp against a plain torchrun DDP loop,
+# 3 paired rounds (result file gpt_tokens-<machine>-<date>.json in OUT)
+"$PY" benchmarks/gpt_tokens.py --hf --gpus-per-worker 1 --workers 1 --width 768 --depth 12 --heads 12 \
+    --seq-len 512 --vocab-size 50257 --batch-size 8 --warmup 10 --steps 20 --rounds 3 --results-dir "$OUT" \
+    2>&1 | tee "$OUT/hf_gpt2_vs_torchrun.txt" | tail -6
+hf_rc=${PIPESTATUS[0]}
+# the built-in gpt at GPT-2-small shape, bf16, compiled: tokens/s and mfu from its metrics
+"$PY" -m ray_ddp data synth --task lm --rows 4096 --seq-len 1024 --vocab-size 50304 --out "$RUNS/gpt_tokens_data" >/dev/null
+"$PY" -m ray_ddp train --model gpt --task lm --data "$RUNS/gpt_tokens_data" --width 768 --depth 12 --heads 12 \
+    --seq-len 1024 --vocab-size 50304 --batch-size 8 --amp bf16 --compile --optimizer adamw --lr 3e-4 \
+    --gpus-per-worker 1 --workers 1 --epochs 1 --steps-per-epoch 120 --report-every 20 --storage "$RUNS" \
+    --name "gpt-mfu-$(date +%s)" --quiet --json > "$OUT/gpt_mfu.json"
+gpt_rc=$?
+# FSDP's start-up and peak GPU memory (setup_gpu_max_mb, gpu_max_mb) of an HF Llama, against DDP
+"$PY" benchmarks/fsdp_memory.py --model hf-llama --gpus-per-worker 1 --workers 1 --optimizer sgd --rounds 1 \
+    --results-dir "$OUT" 2>&1 | tee "$OUT/fsdp_memory.txt" | tail -8
+mem_rc=${PIPESTATUS[0]}
+echo "gpu tests exit $tests_rc, throughput runs exit ddp $train_rc fsdp $fsdp_rc, vs torchrun exit $bench_rc, doctor exit $doctor_rc," \
+     "hf gpt2 vs torchrun exit $hf_rc, gpt mfu exit $gpt_rc, fsdp memory exit $mem_rc"
+exit $(( tests_rc || train_rc || fsdp_rc || bench_rc || doctor_rc > 1 || hf_rc || gpt_rc || mem_rc ))

@@ -118,7 +118,7 @@ BENCHES: dict[str, Bench] = {
         ("fsdp samples/s", "samples_per_s.fsdp", "n2"), ("paired samples/s", "paired_samples_ratio", "r3"),
         ("ddp ranks>0 start-up x model", "others_setup_share.ddp", "n2"),
         ("fsdp ranks>0 start-up x model", "others_setup_share.fsdp", "n2"),
-        ("fsdp ranks>0 peak x model", "others_peak_share.fsdp", "n2")])]),
+        ("fsdp ranks>0 peak x model", "others_peak_share.fsdp", "n2"), ("out of memory", "out_of_memory", "str")])]),
     "activation_memory": Bench("python benchmarks/activation_memory.py --rounds 3", [Table(columns=[
         ("parameters", "parameters", "M"), ("device", "device", "str"),
         ("saved MB off", "saved_mb.off", "n1"), ("saved MB on", "saved_mb.on", "n1"),

@@ -15,6 +15,7 @@ A checkpoint that would need unpickling to read (pickled objects in model.pt, a
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 import torch
@@ -61,13 +62,14 @@ FORMATS = ("torch", "hf")
 
 
 def export_model(run: str, storage: str, step: Optional[int] = None, out: Optional[str] = None,
-                 format: str = "torch", merge: bool = False) -> ExportSummary:
+                 format: str = "torch", merge: bool = False, max_shard_size: Optional[str] = None) -> ExportSummary:
     """Write the model of run ``run``'s checkpoint at ``step`` (default: the newest whole
     one) to ``out``: with ``format="torch"`` one state_dict file (default:
     ``<run>-step-<N>.pt`` in the current folder); with ``format="hf"`` a new or empty
     folder that ``from_pretrained`` loads (``out`` required): of a ``--lora`` run its
-    adapters, or with ``merge`` the whole model with the adapters merged into the base."""
-    _check_export_options(format, out, merge)
+    adapters, or with ``merge`` the whole model with the adapters merged into the base;
+    ``max_shard_size``: its largest safetensors file (save_pretrained's)."""
+    _check_export_options(format, out, merge, max_shard_size)
     store = resolve_storage(storage)
     run_path = store.run_path(run)
     dir_name, meta = _pick_checkpoint(store, run_path, run, storage, step)
@@ -76,6 +78,9 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     config = meta.get("config") or {}
     if format == "hf":  # every refusal before a weight is read or anything is written
         check_lora_export(config, started_from_of(meta), merge, what)
+        if max_shard_size is not None and config.get("lora") and not merge:
+            raise ConfigError("--max-shard-size: a --lora run's adapters are written whole (peft's own file); "
+                              "drop it, or add --merge to write the whole model in shards")
         target, transformers = _prepare_hf_folder(run, files, out)
     else:
         target = _torch_target(run, dir_name, out)
@@ -87,14 +92,19 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
                             parameters=sum(t.numel() for t in state.values()), sharded=sharded,
                             format=format)
     if format == "hf":
-        _save_hf_model(summary, transformers, fields, state, config, merge, what)
+        _save_hf_model(summary, transformers, fields, state, config, merge, what, max_shard_size)
     else:
         _save_state_dict(state, target)
     return summary
 
 
-def _check_export_options(format: str, out: Optional[str], merge: bool) -> None:
-    """Refuse a --format, --out and --merge that do not go together."""
+def _check_export_options(format: str, out: Optional[str], merge: bool, max_shard_size: Optional[str]) -> None:
+    """Refuse a --format, --out, --merge and --max-shard-size that do not go together."""
+    if max_shard_size is not None and format != "hf":
+        raise ConfigError("--max-shard-size sizes the safetensors files of --format hf; drop it, or add --format hf")
+    if max_shard_size is not None and not re.fullmatch(r"\d+[KMGkmg]i?B", max_shard_size):
+        raise ConfigError(f"--max-shard-size {max_shard_size}: give a whole number and a unit, e.g. 5GB, "
+                          "500MB or 2GiB")
     if format not in FORMATS:
         raise ConfigError(f"--format {format}: choose one of {', '.join(FORMATS)}")
     if format == "hf" and not out:
@@ -162,7 +172,7 @@ def _read_model(store: StorageConfig, checkpoint: str, files: list[str], sharded
 
 
 def _save_hf_model(summary: ExportSummary, transformers: Any, fields: dict, state: dict[str, torch.Tensor],
-                   config: dict, merge: bool, what: str) -> None:
+                   config: dict, merge: bool, what: str, max_shard_size: Optional[str] = None) -> None:
     """Build the Hugging Face model (with a --lora run's adapters), fill it with ``state``,
     merge the adapters if asked, and save it to ``summary.out``; ``summary`` then counts
     what the folder holds."""
@@ -175,7 +185,7 @@ def _save_hf_model(summary: ExportSummary, transformers: Any, fields: dict, stat
         model, summary.merged = model.merge_and_unload(), True
     written = hf_export.tensors_written(model)  # what the folder holds, not the checkpoint
     summary.tensors, summary.parameters = len(written), sum(t.numel() for t in written)
-    summary.architecture, summary.files = type(model).__name__, hf_export.save_hf(model, summary.out)
+    summary.architecture, summary.files = type(model).__name__, hf_export.save_hf(model, summary.out, max_shard_size)
 
 
 def _save_state_dict(state: dict[str, torch.Tensor], target: str) -> None:

@@ -16,7 +16,7 @@ import inspect
 import json
 import os
 import shutil
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from ray_ddp.errors import ConfigError
@@ -113,9 +113,11 @@ def tie(model: torch.nn.Module) -> None:
         out.base_layer.weight = getattr(inp, "base_layer", inp).weight
 
 
-def save_hf(model: torch.nn.Module, target: str) -> list[str]:
+def save_hf(model: torch.nn.Module, target: str, max_shard_size: Optional[str] = None) -> list[str]:
     """``save_pretrained`` into a folder beside ``target``, renamed onto it once whole;
-    the names of the files written. On failure nothing is left behind."""
+    the names of the files written. On failure nothing is left behind. A model bigger
+    than ``max_shard_size`` (default: transformers' own) is written in shards with their
+    index, as save_pretrained writes it."""
     partial = f"{target}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)  # a crashed export's leftovers of the same pid
     os.mkdir(partial)  # not mkdtemp: the folder gets the user's umask, not 0700
@@ -123,7 +125,8 @@ def save_hf(model: torch.nn.Module, target: str) -> list[str]:
         # safetensors: loads without unpickling; transformers 5 writes nothing else and
         # has dropped the argument, transformers 4 needs it said
         safe = "safe_serialization" in inspect.signature(model.save_pretrained).parameters
-        model.save_pretrained(partial, **({"safe_serialization": True} if safe else {}))
+        sized = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
+        model.save_pretrained(partial, **({"safe_serialization": True} if safe else {}), **sized)
         written = sorted(os.listdir(partial))
         if not any(name.endswith(".safetensors") for name in written):
             raise ConfigError(f"save_pretrained wrote no .safetensors file ({', '.join(written)}); "

@@ -159,17 +159,19 @@ def load_sharded_checkpoint(directory: str, model: nn.Module, optimizer: torch.o
                       epoch_step=saved.get("epoch_step", 0))
 
 
-def read_model_state(directory: str) -> dict[str, torch.Tensor]:
+def read_model_state(directory: str, into: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
     """The whole model of a sharded checkpoint as a plain state_dict of CPU tensors, read
-    in this one process (no process group): what ``ray-ddp export`` writes."""
+    in this one process (no process group): what ``ray-ddp export`` writes. ``into``:
+    the tensors to read into (a model's own: --init-from), some of the checkpoint's."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     reader_class, _ = weights_only_dcp()
     reader = reader_class(directory)
-    state: dict[str, torch.Tensor] = {}
-    for key, item in reader.read_metadata().state_dict_metadata.items():
-        if key.startswith("model.") and isinstance(item, TensorStorageMetadata):
-            state[key[len("model."):]] = torch.empty(item.size, dtype=item.properties.dtype)
+    state = into
+    if state is None:
+        state = {key[len("model."):]: torch.empty(item.size, dtype=item.properties.dtype)
+                 for key, item in reader.read_metadata().state_dict_metadata.items()
+                 if key.startswith("model.") and isinstance(item, TensorStorageMetadata)}
     with warnings.catch_warnings():  # "no process group: loading in a single process" is the point
         warnings.simplefilter("ignore", UserWarning)
         load_shards(directory, {"model": state}, reader=reader, no_dist=True)

@@ -27,6 +27,10 @@ def add_parser(sub) -> None:
     export.add_argument("--out", metavar="PATH", default=None,
                         help="--format torch: the file to write (default: <run>-step-<N>.pt in the "
                              "current folder); --format hf: the new or empty folder to write (required)")
+    export.add_argument("--max-shard-size", metavar="SIZE", default=None,
+                        help="--format hf: the largest safetensors file, as save_pretrained's max_shard_size "
+                             "(5GB, 500MB, 2GiB); a bigger model is written as model-0000N-of-0000M.safetensors "
+                             "files with model.safetensors.index.json (default: transformers' own, 50GB)")
     export.add_argument("--merge", action="store_true",
                         help="--format hf of a --lora run: write the whole model with the adapters merged "
                              "into the base (a plain from_pretrained folder, no peft needed) instead of the "
@@ -38,5 +42,6 @@ def run(args: argparse.Namespace) -> int:
     # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
     from ray_ddp.checkpoint.export import export_model
 
-    print(export_model(args.run, args.storage, args.step, args.out, args.format, args.merge).text())
+    print(export_model(args.run, args.storage, args.step, args.out, args.format, args.merge,
+                       args.max_shard_size).text())
     return 0

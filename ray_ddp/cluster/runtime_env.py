@@ -28,10 +28,11 @@ def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[st
     collate function (``package.module:callable``, or an object the Python API passed:
     object_modules) must import on the workers as it did here; under FSDP on CPU,
     glibc's mmap threshold is fixed (FSDP_MALLOC_ENV); under --hang-timeout, PyTorch's
-    flight recorder records (flight_recorder_env)."""
+    flight recorder records (flight_recorder_env); with snapshots on GPUs, NCCL's errors
+    raise where a survivor can save (nccl_error_env)."""
     modules = user_modules(cfg) + [m for obj in objects for m in object_modules(obj)]
     env = importable_env(*modules) if modules else {}
-    extra = flight_recorder_env(cfg.name, cfg.hang_timeout)
+    extra = {**flight_recorder_env(cfg.name, cfg.hang_timeout), **nccl_error_env(cfg)}
     if cfg.strategy in SHARDED_STRATEGIES and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         extra.update(FSDP_MALLOC_ENV)
     if extra:
@@ -54,6 +55,19 @@ def flight_recorder_env(name: str, hang_timeout: float) -> dict[str, str]:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return {"TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
             "TORCH_FR_DUMP_TEMP_FILE": f"/tmp/ray_ddp_collectives_{safe}_rank_"}
+
+
+# NCCL's watchdog, by default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3), ends the process when
+# a collective fails or times out: a survivor of a lost peer never gets to save the step
+# it holds (worker/snapshotting.py). 2 aborts the communicators and raises the error in
+# the training thread instead, where the survivor's save runs; Ray Train then ends the
+# group as it would have. Set only where a survivor would save (snapshots on, GPUs); a
+# value in the driver's environment wins.
+def nccl_error_env(cfg: TrainConfig) -> dict[str, str]:
+    if not cfg.gpus_per_worker or cfg.snapshot_every_steps == 0 or cfg.strategy != "ddp" \
+            or "TORCH_NCCL_ASYNC_ERROR_HANDLING" in os.environ:
+        return {}
+    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 
 
 def user_modules(cfg: TrainConfig) -> list[str]:

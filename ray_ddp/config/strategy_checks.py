@@ -36,11 +36,17 @@ def _check_sharded(cfg: TrainConfig) -> None:
     if cfg.amp == "fp16":
         raise ConfigError(f"{named} trains in bf16 (FSDP2's mixed precision), not fp16 with "
                           "a gradient scaler; use --amp bf16")
-    fixed = worker_range(cfg.workers)
-    workers = fixed[0] if fixed is not None and fixed[0] == fixed[1] else None
-    if cfg.fsdp_shard_size and workers and workers % cfg.fsdp_shard_size:
-        raise ConfigError(f"--fsdp-shard-size {cfg.fsdp_shard_size} does not divide --workers {workers}; "
-                          f"give a divisor of {workers}")
+    sizes = worker_range(cfg.workers)
+    size = cfg.fsdp_shard_size
+    if size and sizes is not None:
+        lo, hi = sizes
+        if lo == hi and lo % size:
+            raise ConfigError(f"--fsdp-shard-size {size} does not divide --workers {lo}; give a divisor of {lo}")
+        odd = [n for n in range(lo, hi + 1) if n % size]
+        if lo != hi and odd:  # an elastic run may come to any size of its range
+            raise ConfigError(f"--fsdp-shard-size {size} does not divide every world size of --workers {lo}-{hi} "
+                              f"({odd[0]} is not a multiple of it); give a range of multiples of {size}, "
+                              f"or shard size 1")
     if cfg.find_unused_parameters:
         raise ConfigError("--find-unused-parameters is a DDP setting; FSDP handles a forward that "
                           "skips parameters itself: drop the flag")

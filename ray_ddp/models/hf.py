@@ -143,4 +143,6 @@ def build_hf_model(spec: str, device: torch.device) -> nn.Module:
         # AdamW's state in bf16; --amp bf16 computes in bf16 over fp32 weights
         dtype = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
         model = cls.from_pretrained(folder, local_files_only=True, **dtype)
-    return model.to(device)
+    # from_pretrained hands the model over in eval mode (dropout off), as for inference;
+    # training wants it on, as the model built from its config (the other ranks') has it
+    return model.train().to(device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -145,10 +145,84 @@ def adapters_need_lora(given: str) -> ConfigError:
                        "has none: pass the --lora it was trained with to go on from its adapters")
 
 
-def apply_init_weights(model: nn.Module, state: dict[str, Any], strict: bool, given: str) -> None:
-    check_init_weights(model, state, strict, given)
+def load_init_weights(model: nn.Module, path: str) -> None:
+    """``--init-from``'s weights into ``model`` (built whole: rank 0's), one tensor at a
+    time, so the host holds the model once and a tensor more, never the model twice
+    (reading the whole state_dict first held it twice). The keys and shapes were checked
+    against the model (``check_init_weights`` of read_init_weights(shapes_only=True)).
+    DCP's shards and safetensors files are read straight into the model's own tensors; a
+    torch file is memory-mapped (its pages are the file's, which the kernel can drop)."""
     own = model.state_dict()
-    model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+    with torch.no_grad(), local_folder(path) as local:
+        if not os.path.isdir(local):
+            _read_file_into(local, own)
+        elif is_sharded_checkpoint(local) and not os.path.isfile(os.path.join(local, "model.pt")):
+            read_model_state(local, into={k: own[k] for k in read_model_shapes(local) if k in own})
+        else:
+            names = [os.path.join(local, n) for n in _FILES if os.path.isfile(os.path.join(local, n))]
+            for file in names[:1] or sorted(glob.glob(os.path.join(local, "model-*.safetensors"))):
+                _read_file_into(file, own)
+
+
+def _read_file_into(path: str, own: dict[str, torch.Tensor]) -> None:
+    """The file's tensors that ``own`` names, copied into them."""
+    if path.endswith(".safetensors"):
+        _read_safetensors_into(path, own)
+        return
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    for key, tensor in state.items():
+        if key in own:
+            own[key].copy_(tensor)
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
+                       "BOOL": torch.bool}
+
+
+def _read_safetensors_into(path: str, own: dict[str, torch.Tensor]) -> None:
+    """A safetensors file read with plain reads, each tensor's bytes into its target where
+    the dtypes agree (else through one tensor-sized buffer): no mapping of the whole file,
+    whose touched pages would count as this process's memory until it is closed."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+        start = 8 + size
+        for key, entry in header.items():
+            if key == "__metadata__" or key not in own:
+                continue
+            dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise ConfigError(f"--init-from {path}: tensor {key} has dtype {entry['dtype']}, which torch "
+                                  "has no type for; save it as F32, F16 or BF16")
+            begin, end = entry["data_offsets"]
+            target = own[key]
+            f.seek(start + begin)
+            in_place = target.device.type == "cpu" and target.dtype == dtype and target.is_contiguous() \
+                and target.numel() * target.element_size() == end - begin
+            # else (another dtype, or the model on a GPU): through one tensor-sized buffer
+            buffer = target.view(-1).view(torch.uint8) if in_place else torch.empty(end - begin, dtype=torch.uint8)
+            if f.readinto(memoryview(buffer.numpy())) != end - begin:
+                raise ConfigError(f"--init-from {path}: the file ends inside tensor {key}; it is cut short "
+                                  "(copy it again)")
+            if not in_place:
+                target.copy_(buffer.view(dtype).reshape(entry["shape"]))
+
+
+def apply_init_weights(model: nn.Module, path: str, strict: bool, shapes: Optional[dict] = None) -> None:
+    """``--init-from``'s weights into ``model`` (rank 0's): its keys and shapes checked
+    (``shapes``: read_init_weights(path, shapes_only=True), read here if not given), then
+    its values streamed in (load_init_weights)."""
+    check_init_weights(model, shapes if shapes is not None else read_init_weights(path, shapes_only=True),
+                       strict, path)
+    load_init_weights(model, path)
 
 
 def _aliases(model: nn.Module) -> dict[str, list[str]]:

@@ -46,8 +46,12 @@ def make_room(model: nn.Module, device: torch.device) -> None:
         for name in names[1:]:
             owner, _, attr = name.rpartition(".")
             module = model.get_submodule(owner)
-            if getattr(module, attr) is not kept:
-                setattr(module, attr, kept) if isinstance(kept, nn.Parameter) else module.register_buffer(attr, kept)
+            if getattr(module, attr) is kept:
+                continue
+            if isinstance(kept, nn.Parameter):
+                setattr(module, attr, kept)
+            else:  # as it was registered: a non-persistent one stays out of the state_dict
+                module.register_buffer(attr, kept, persistent=attr not in module._non_persistent_buffers_set)
 
 
 def _names_by_tensor(model: nn.Module) -> list[list[str]]:

@@ -83,16 +83,17 @@ def build_model_on_ranks(cfg: TrainConfig, strategy: Strategy, devices: list[tor
     torch.manual_seed(cfg.seed)
     from_rank0 = rank0_builds(cfg, given_model, dist.get_world_size())
     shapes_only = from_rank0 and dist.get_rank() != 0
-    weights = read_init_weights(init_from) if init_from is not None and not shapes_only else None
+    # rank 0 checks the keys and shapes (the driver did too), then streams the values in
+    shapes = read_init_weights(init_from, shapes_only=True) if init_from is not None and not shapes_only else None
 
     def init(model: nn.Module) -> None:  # a new run's first weights (before --lora, unless they hold adapters)
-        apply_init_weights(model, weights, init_strict, init_from)
+        apply_init_weights(model, init_from, init_strict, shapes)
 
     build_devices = strategy.build_devices(devices)
     with torch.device(META) if shapes_only else contextlib.nullcontext():
         model = build_model(cfg, [META] * len(build_devices) if shapes_only else build_devices, given_model,
-                            init=init if weights is not None else None,
-                            init_adapters=weights is not None and holds_adapters(weights))
+                            init=init if shapes is not None else None,
+                            init_adapters=shapes is not None and holds_adapters(shapes))
     if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model, strategy.setup_module(model, devices, from_rank0)  # before the optimizer: FSDP's shards

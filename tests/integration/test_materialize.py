@@ -24,16 +24,29 @@ NOTED = "materialize_ranks:Noted"
 BIG = dict(input_dim=64, output_dim=8, width=1024, depth=16)  # 15.8M parameters: 60 MB in fp32
 
 
-def test_only_rank_0_holds_the_whole_model_under_fsdp():
-    """A 60 MB MLP over 2 ranks, after a tiny one (what the libraries take the first time
-    is not the model's): rank 0's peak rises by the whole model, rank 1's by less than
-    0.75 of it (its half, and one whole tensor at a time). Every rank building it whole,
-    rank 1's rose by as much as rank 0's."""
-    model_mb = sum(p.numel() for p in _mlp().parameters()) * 4 / 2**20
-    tiny = dict(BIG, width=16, depth=2)
-    ranks = run_on_ranks(2, _build, [("mlp", "fsdp", None, tiny), ("mlp", "fsdp", None, BIG)])
-    assert ranks[0][1]["grew_mb"] >= 0.9 * model_mb, (ranks[0][1]["grew_mb"], model_mb)
-    assert ranks[1][1]["grew_mb"] < 0.75 * model_mb, (ranks[1][1]["grew_mb"], model_mb)
+def test_only_rank_0_holds_the_whole_model_and_reads_init_from_into_it(tmp_path):
+    """A 60 MB MLP over 3 ranks under FSDP, after a tiny one (what the libraries take the
+    first time is not the model's): rank 0's peak rises by the whole model, the others'
+    by less than 0.75 of it (a third, and one whole tensor at a time); every rank
+    building it whole, theirs rose as much as rank 0's. With --init-from a safetensors
+    file of it, rank 0's peak rises by less than a quarter of the model more (its tensors
+    are read into the model's own; reading the state_dict first held half the model
+    more), and every rank ends with the file's weights."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(5)
+    saved = {k: v.contiguous() for k, v in _mlp().state_dict().items()}
+    save_file(saved, str(tmp_path / "init.safetensors"))
+    model_mb = sum(v.numel() for v in saved.values()) * 4 / 2**20
+    tiny = ("mlp", "fsdp", None, dict(BIG, width=16, depth=2))
+    built = run_on_ranks(3, _build, [tiny, ("mlp", "fsdp", None, BIG)])
+    assert built[0][1]["grew_mb"] >= 0.9 * model_mb, (built[0][1]["grew_mb"], model_mb)
+    assert max(r[1]["grew_mb"] for r in built[1:]) < 0.75 * model_mb, [r[1]["grew_mb"] for r in built]
+    read = run_on_ranks(3, _build, [tiny, ("mlp", "fsdp", str(tmp_path / "init.safetensors"), BIG)])
+    more = read[0][1]["grew_mb"] - built[0][1]["grew_mb"]
+    assert more < 0.25 * model_mb, (more, model_mb)
+    for rank in read:
+        _assert_same(rank[1]["weights"], saved, "--init-from's weights")
 
 
 def test_every_rank_gets_the_weights_one_process_builds(tmp_path):

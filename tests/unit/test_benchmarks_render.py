@@ -382,6 +382,21 @@ def test_recovery_figures_from_its_logs(tmp_path):
     assert got["files_read"] == {"r/step-00000040/model.pt": 1, "r/progress.json": 1}
 
 
+def test_an_arm_that_runs_out_of_memory_is_said_not_a_failure(tmp_path, monkeypatch, capsys):
+    """DDP's 4 whole copies of a model may not fit a host where FSDP's shards do: the
+    result says so, with FSDP's figures, and no ratio."""
+    mod = load(BENCHMARKS / "fsdp_memory.py", "bench_fsdp_memory")
+    fake_fsdp_memory(mod, monkeypatch)
+    fits = mod.run_arm
+    monkeypatch.setattr(mod, "run_arm", lambda s, a, f: {"out_of_memory": True} if s == "ddp" else fits(s, a, f))
+    mod.main(["--rounds", "1", "--results-dir", str(tmp_path)])
+    [path] = tmp_path.glob("fsdp_memory-*.json")
+    result = json.loads(path.read_text())["result"]
+    assert result["out_of_memory"] == "ddp" and result["peak_mb"] == {"ddp": None, "fsdp": 700.0}
+    assert result["peak_ratio"] is None and result["others_peak_share"]["ddp"] is None
+    assert "| ddp | out of memory |" in capsys.readouterr().out
+
+
 def test_no_save_writes_nothing(tmp_path, monkeypatch):
     mod = load(BENCHMARKS / "fsdp_memory.py", "bench_fsdp_memory")
     fake_fsdp_memory(mod, monkeypatch)

@@ -72,6 +72,8 @@ CASES = {
                                 "--fsdp-shard-size is for --strategy hsdp"),
     "shard size not dividing the workers": (["--strategy", "hsdp", "--workers", "4", "--fsdp-shard-size", "3"],
                                             "--fsdp-shard-size 3 does not divide --workers 4; give a divisor of 4"),
+    "shard size not dividing an elastic range": (["--strategy", "hsdp", "--workers", "2-5", "--fsdp-shard-size", "2"],
+                                                 "does not divide every world size of --workers 2-5 (3 is not"),
     "zero shard size": (["--strategy", "hsdp", "--fsdp-shard-size", "0"], "--fsdp-shard-size must be a positive"),
     "hsdp in fp16": (["--strategy", "hsdp", "--amp", "fp16"], "--strategy hsdp trains in bf16"),
     "fsdp wrap naming nothing": (["--strategy", "fsdp", "--model", "mlp", "--fsdp-wrap", "Block"],

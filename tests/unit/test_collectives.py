@@ -68,6 +68,20 @@ def test_the_workers_flight_recorder_is_on_with_the_watch_and_the_users_size_win
     assert flight_recorder_env("r", 600) == {}
 
 
+def test_nccl_raises_its_errors_where_a_gpu_survivor_can_save_unless_the_user_says_otherwise(monkeypatch):
+    from ray_ddp.cluster.runtime_env import nccl_error_env
+
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    gpu = TrainConfig(name="r", gpus_per_worker=1, hang_timeout=0)
+    assert worker_runtime_env(gpu)["env_vars"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    # no survivor to save: CPU workers (gloo raises anyway), snapshots off, FSDP's shards
+    for cfg in (TrainConfig(name="r"), TrainConfig(name="r", gpus_per_worker=1, snapshot_every_steps=0),
+                TrainConfig(name="r", gpus_per_worker=1, strategy="fsdp")):
+        assert nccl_error_env(cfg) == {}
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    assert nccl_error_env(gpu) == {}
+
+
 def test_a_rank_waiting_in_a_collective_is_told_by_its_record():
     trace = json.dumps({"entries": [
         {"pg_id": 0, "collective_seq_id": 56, "profiling_name": "gloo:all_reduce"},

@@ -181,6 +181,37 @@ def test_a_config_that_does_not_build_this_model_is_one_line(tmp_path, capsys, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing written"
 
 
+def test_a_model_bigger_than_max_shard_size_is_written_in_shards_with_their_index(tmp_path, capsys):
+    """As save_pretrained shards a big model: model-0000N-of-0000M.safetensors and
+    model.safetensors.index.json naming each tensor's file; from_pretrained loads it."""
+    model = nudged(gpt2())  # ~60 KB of weights in files of at most 20 KB: several
+    write_ddp(tmp_path / "runs" / "hf", model)
+    out = tmp_path / "sharded"
+    assert main(["export", "hf", "--storage", str(tmp_path / "runs"), "--format", "hf", "--out", str(out),
+                 "--max-shard-size", "20KB"]) == 0
+    names = sorted(os.listdir(out))
+    shards = [n for n in names if n.startswith("model-") and n.endswith(".safetensors")]
+    assert len(shards) > 1 and shards[-1].endswith(f"-of-{len(shards):05d}.safetensors"), names
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    assert "model.safetensors" not in names
+    assert capsys.readouterr().out.strip().endswith(f"({', '.join(names)})")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    assert_same_weights(loaded, model.state_dict())
+
+
+@pytest.mark.parametrize("size, fragment", [("5 GB", "--max-shard-size 5 GB: give a whole number and a unit"),
+                                            ("lots", "give a whole number and a unit, e.g. 5GB")])
+def test_a_max_shard_size_that_is_no_size_is_one_line(tmp_path, capsys, size, fragment):
+    write_ddp(tmp_path / "runs" / "hf", gpt2())
+    assert main(["export", "hf", "--storage", str(tmp_path / "runs"), "--format", "hf", "--out",
+                 str(tmp_path / "out"), "--max-shard-size", size]) == 2
+    assert fragment in one_error_line(capsys)
+    assert main(["export", "hf", "--storage", str(tmp_path / "runs"), "--max-shard-size", "5GB"]) == 2
+    assert "--max-shard-size sizes the safetensors files of --format hf" in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "nothing written"
+
+
 @pytest.mark.parametrize("case", ["no --out", "out not empty", "out is a file", "no transformers"])
 def test_hf_export_mistakes_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, case):
     write_ddp(tmp_path / "runs" / "hf", gpt2())
@@ -366,3 +397,15 @@ def test_where_a_run_started_is_planned_for_its_workers_across_resumes():
     assert plan_workers(run, older, {}).started_from == "/b"
     assert plan_workers(run, CheckpointScan(latest=STEP, meta={"epoch": 1, "step": 10, "config": {},
                                                                "started_from": None}), {}).started_from is None
+
+
+def test_max_shard_size_of_a_lora_runs_adapters_alone_is_one_line(tmp_path, capsys):
+    """peft writes the adapters in one file of its own, whatever the size asked: said, not
+    ignored; with --merge the whole model is written in shards."""
+    lora_run(tmp_path, started_from=None)
+    argv = ["export", "lora", "--storage", str(tmp_path / "runs"), "--format", "hf", "--max-shard-size", "20KB"]
+    assert main([*argv, "--out", str(tmp_path / "adapters")]) == 2
+    assert "--max-shard-size: a --lora run's adapters are written whole" in one_error_line(capsys)
+    assert not (tmp_path / "adapters").exists()
+    assert main([*argv, "--out", str(tmp_path / "merged"), "--merge"]) == 0
+    assert (tmp_path / "merged" / "model.safetensors.index.json").exists()

@@ -120,13 +120,13 @@ def test_init_from_loads_matching_keys_and_names_the_rest(tmp_path):
         trained.transformer.wte.weight.add_(1.0)
     trained.save_pretrained(str(tmp_path / "hf"))  # drops the tied lm_head: not "missing"
     fresh = gpt2(1)
-    apply_init_weights(fresh, read_init_weights(str(tmp_path / "hf")), True, "hf")
+    apply_init_weights(fresh, str(tmp_path / "hf"), True)
     assert torch.equal(fresh.transformer.wte.weight, trained.transformer.wte.weight)
     torch.save({"head.weight": torch.zeros(2, 2)}, tmp_path / "other.pt")
     with pytest.raises(ConfigError, match=r"does not fit the model: .*missing: transformer\..*unexpected: "
                                           r"head.weight.*--init-strict false"):
-        apply_init_weights(gpt2(1), read_init_weights(str(tmp_path / "other.pt")), True, "other.pt")
-    apply_init_weights(gpt2(1), read_init_weights(str(tmp_path / "other.pt")), False, "other.pt")
+        apply_init_weights(gpt2(1), str(tmp_path / "other.pt"), True)
+    apply_init_weights(gpt2(1), str(tmp_path / "other.pt"), False)
     (tmp_path / "notes.pt").write_bytes(b"not a torch file")
     with pytest.raises(ConfigError, match="not a state_dict that loads with weights_only=True"):
         read_init_weights(str(tmp_path / "notes.pt"))

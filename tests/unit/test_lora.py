@@ -103,8 +103,7 @@ def test_init_from_a_lora_runs_checkpoint_goes_on_from_its_adapters(tmp_path):
 
     again = dataclasses.replace(cfg, init_from=given, seed=1)
     check_init_from(again, None, given)  # the driver's check: the adapted model's keys fit
-    weights = read_init_weights(given)
-    model = build_model(again, [cpu], init=lambda m: apply_init_weights(m, weights, True, given),
+    model = build_model(again, [cpu], init=lambda m: apply_init_weights(m, given, True),
                         init_adapters=True)
     assert model.state_dict().keys() == trained.state_dict().keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in trained.state_dict().items())
