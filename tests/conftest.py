@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(HERE, "helpers"))
 # runs the rest and the stories), on the same Ray (ray_local, below). A lone Ray Train run
 # keeps ~1.5 of 2 cores busy; two side by side keep both.
 BESIDE_THE_STORIES = frozenset({"test_benchmarks", "test_cadence", "test_data", "test_fsdp", "test_hf", "test_loss_matrix",
+                                "test_materialize",
                                 "test_ray_data", "test_s3", "test_spawn", "test_tasks", "test_trust"})
 
 

@@ -3,7 +3,7 @@ weights (and reads --init-from's), the others build the shapes on the meta devic
 take rank 0's values, under FSDP shard by shard, under DDP in its own broadcast. Every
 rank ends with exactly the weights and buffers one process builds from the same seed
 (the path every rank took before), ties and buffers a state_dict leaves out included,
-and a rank other than 0 never holds the whole model under FSDP.
+FSDP and DDP on 3 ranks; a rank other than 0 never holds the whole model under FSDP.
 
 Real gloo process groups on loopback, no Ray: ray_ddp's own build
 (worker/parts.py build_model_on_ranks); the real-Ray runs of the path are every
@@ -55,25 +55,23 @@ def test_every_rank_gets_the_weights_one_process_builds(tmp_path):
     init = tmp_path / "init.pt"
     torch.manual_seed(11)
     torch.save(Noted().state_dict(), init)
-    cases = {"fsdp": [("gpt", "fsdp", None, GPT), (f"hf:{llama}", "fsdp", None, {}),  # a rotary buffer
-                      (f"hf:{gpt2}", "fsdp", None, {}),  # a tied head
-                      (NOTED, "fsdp", None, {}), (NOTED, "fsdp", str(init), {})],
-             "ddp": [("gpt", "ddp", None, GPT), (f"hf:{llama}", "ddp", None, {}), (f"hf:{gpt2}", "ddp", None, {}),
-                     (NOTED, "ddp", str(init), {})]}
-    for strategy, world in (("fsdp", 3), ("ddp", 2)):
-        reference = run_on_ranks(1, _build, cases[strategy])[0]
-        ranks = run_on_ranks(world, _build, cases[strategy])
-        for (model, _, init_from, _), one, *each in zip(cases[strategy], reference, *ranks):
-            for rank, got in enumerate(each):
-                what = f"{model} ({strategy}, init {init_from}) on rank {rank} of {world}"
-                _assert_same(got["weights"], one["weights"], what)
-                _assert_same(got["buffers"], one["buffers"], what + "'s buffers")
-                assert got["parameters"] == one["parameters"], what  # a tie kept: as many parameters
-                if model == NOTED:  # the model's own code: the whole weights on rank 0 only
-                    assert got["built_on"] == ("cpu" if rank == 0 else "meta"), what
-        if strategy == "fsdp":
-            saved = torch.load(init, weights_only=True)
-            assert torch.equal(reference[-1]["weights"]["body.0.weight"], saved["body.0.weight"])
+    cases = [("gpt", "fsdp", None, GPT), (f"hf:{llama}", "fsdp", None, {}),  # a rotary buffer
+             (f"hf:{gpt2}", "fsdp", None, {}),  # a tied head
+             (NOTED, "fsdp", None, {}), (NOTED, "fsdp", str(init), {}),
+             ("gpt", "ddp", None, GPT), (f"hf:{llama}", "ddp", None, {}), (f"hf:{gpt2}", "ddp", None, {}),
+             (NOTED, "ddp", str(init), {})]
+    reference = run_on_ranks(1, _build, cases)[0]
+    ranks = run_on_ranks(3, _build, cases)
+    for (model, strategy, init_from, _), one, *each in zip(cases, reference, *ranks):
+        for rank, got in enumerate(each):
+            what = f"{model} ({strategy}, init {init_from}) on rank {rank} of 3"
+            _assert_same(got["weights"], one["weights"], what)
+            _assert_same(got["buffers"], one["buffers"], what + "'s buffers")
+            assert got["parameters"] == one["parameters"], what  # a tie kept: as many parameters
+            if model == NOTED:  # the model's own code: the whole weights on rank 0 only
+                assert got["built_on"] == ("cpu" if rank == 0 else "meta"), what
+    saved = torch.load(init, weights_only=True)
+    assert torch.equal(reference[4]["weights"]["body.0.weight"], saved["body.0.weight"])
 
 
 def _assert_same(got: dict, want: dict, what: str) -> None:
