@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Sequence
 
 if TYPE_CHECKING:  # the driver's type; errors.py imports nothing of ray_ddp at run time
-    from ray_ddp.driver.failures import FailureSummary
+    from ray_ddp.record.failures import FailureSummary
 
 
 class ConfigError(ValueError):

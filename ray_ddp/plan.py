@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.run_folder import RunFolder
+from ray_ddp.record.folder import RunFolder
 
 
 @dataclass(frozen=True)

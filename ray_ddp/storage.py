@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ray_ddp.errors import ConfigError
-from ray_ddp.run_folder import RunFolder
+from ray_ddp.record.folder import RunFolder
 
 
 
@@ -43,7 +43,7 @@ class StorageConfig:
         return f"{self.path.rstrip('/')}/{name}"
 
     def run_folder(self, name: str) -> RunFolder:
-        """The paths of run ``name``'s folder (run_folder.py names every file in it)."""
+        """The paths of run ``name``'s folder (record/folder.py names every file in it)."""
         return RunFolder(self.run_path(name))
 
     def uri_of(self, *parts: str) -> str:

@@ -22,7 +22,7 @@ from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.summary import RunSummary
 from ray_ddp.driver.run import run
-from ray_ddp.run_folder import METRICS_FILE
+from ray_ddp.record.folder import METRICS_FILE
 from ray_ddp.storage import resolve_storage
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.models.builtin import ToyModel

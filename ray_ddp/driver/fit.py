@@ -12,17 +12,17 @@ from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.plan import RunPlan, WorkerPlan
 from ray_ddp.cluster.placement import PlacementConfig
-from ray_ddp.driver.events import (Event, attribute_hangs, failure_event, from_records, merge_events,
+from ray_ddp.record.events import (Event, attribute_hangs, failure_event, from_records, merge_events,
                                    restarted_after_hang, steps_to_redo, table_events)
 from ray_ddp.driver.hangs import HangMonitor
-from ray_ddp.driver.failures import describe_loss, summarize_failure
+from ray_ddp.record.failures import describe_loss, summarize_failure
 from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig, RestartState, decide_restart
 from ray_ddp.cluster.runtime_env import nccl_hang_env, train_controller_env, worker_runtime_env
-from ray_ddp.driver.progress import read_progress, show_progress
-from ray_ddp.run_folder import Progress, RunFolder
+from ray_ddp.record.progress import read_progress, show_progress
+from ray_ddp.record.folder import Progress, RunFolder
 from ray_ddp.storage import StorageConfig
 from ray_ddp.driver.start import StartState, planned_steps
-from ray_ddp.driver.status import read_events, write_status
+from ray_ddp.record.status import read_events, write_status
 from ray_ddp.errors import StorageError, TrainingError
 from ray_ddp.worker.collectives import start_up_timeout_s
 from ray_ddp.observe.metrics_table import fold_metrics, read_metrics

@@ -8,12 +8,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.worker.collectives import describe_collectives
 
 
 def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, dict]) -> Event:
-    """The hang as an event (driver/events.py), its cause the one line to print."""
+    """The hang as an event (record/events.py), its cause the one line to print."""
     stuck = sorted(r for r in ranks if not stacks[r]["waiting"])
     waiting = sorted(r for r in ranks if stacks[r]["waiting"])
     head = f"no rank finished a step for {stall['since_s']:.0f} s after step {stall['step']}"

@@ -18,12 +18,12 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.driver.hang_actor import (DUMP_WAIT_S, alive_on_node, any_alive, dump_on_node, kill_on_node,
                                        start_watch)
 from ray_ddp.driver.hang_report import hang_event, write_stacks
 from ray_ddp.driver.hang_state import Process
-from ray_ddp.run_folder import RunFolder
+from ray_ddp.record.folder import RunFolder
 
 # Seconds the handling waits for the ranks' own stacks (before asking py-spy), then their
 # records, and for any one call to the watch actor.

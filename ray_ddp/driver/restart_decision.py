@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ray_ddp.driver.failures import FailureSummary
+from ray_ddp.record.failures import FailureSummary
 
 # An elastic run stops when its worker group fails this many times in a row from the same
 # checkpoint: the failure is the code's, not a node's.

@@ -24,13 +24,13 @@ from ray_ddp.data.saved import open_saved_datasets
 from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import StorageConfig, check_writable, read_json, resolve_storage
-from ray_ddp.driver.events import from_records
+from ray_ddp.record.events import from_records
 from ray_ddp.driver.fit import fit_with_status
 from ray_ddp.driver.snapshots import drop_snapshots
 from ray_ddp.driver.resolve import describe_global_batch, resolve
 from ray_ddp.plan import RunPlan
 from ray_ddp.driver.start import StartState, find_start
-from ray_ddp.driver.status import read_events
+from ray_ddp.record.status import read_events
 from ray_ddp.driver.summary import RunSummary, write_summary
 from ray_ddp.driver.tracking import check_tracking, close_run_tracking, open_run_tracking
 

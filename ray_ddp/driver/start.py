@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.driver.status import new_run_id, read_run_id
+from ray_ddp.record.status import new_run_id, read_run_id
 from ray_ddp.storage import StorageConfig
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row

@@ -10,11 +10,11 @@ from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
-from ray_ddp.run_folder import METRICS_FILE, PROFILE_FOLDER, RunFolder
+from ray_ddp.record.folder import METRICS_FILE, PROFILE_FOLDER, RunFolder
 from ray_ddp.storage import StorageConfig, read_table, write_json
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.plan import saved_run_config
-from ray_ddp.driver.status import read_events
+from ray_ddp.record.status import read_events
 from ray_ddp.checkpoint.retention import best_checkpoint
 from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
 
@@ -51,7 +51,7 @@ class RunSummary:
     # the world size of every stretch of the run: [{"world_size", "from_step", "to_step"}]
     world_sizes: Optional[list[dict[str, int]]] = None
     # every lost worker, preemption and resize: [{"type", "time", "step", "rank", "node",
-    # "cause", "from_checkpoint", "steps_lost"}] (driver/events.py)
+    # "cause", "from_checkpoint", "steps_lost"}] (record/events.py)
     events: Optional[list[dict[str, Any]]] = None
     # checkpoints saved on a node's preemption notice: [{"node_id", "step", "checkpoint", ...}]
     preemptions: Optional[list[dict[str, Any]]] = None

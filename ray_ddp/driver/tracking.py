@@ -11,11 +11,11 @@ import os
 from typing import Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.driver.progress import read_progress
+from ray_ddp.record.progress import read_progress
 from ray_ddp.storage import StorageConfig
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.errors import ConfigError
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.trackers.base import Tracker, Trackers
 from ray_ddp.trackers.mlflow import INSTALL_HINT, check_server, open_mlflow
 from ray_ddp.trackers.ray_metrics import RayMetricsTracker

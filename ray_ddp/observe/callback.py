@@ -11,13 +11,13 @@ import time
 
 import pyarrow as pa
 from ray.train import UserCallback
-from ray_ddp.run_folder import Progress, RunFolder
+from ray_ddp.record.folder import Progress, RunFolder
 from ray_ddp.errors import StorageError
 from ray_ddp.storage import read_table, resolve_storage, write_json, write_table
 from ray_ddp.observe.metrics_table import MetricsAppender, read_metrics
 from ray_ddp.checkpoint.retention import prune_checkpoints
-from ray_ddp.driver.events import Event, restart_event, settle_restart, to_records
-from ray_ddp.driver.failures import FailureSummary
+from ray_ddp.record.events import Event, restart_event, settle_restart, to_records
+from ray_ddp.record.failures import FailureSummary
 from ray_ddp.observe.schema import EVAL_SCHEMA, eval_row, unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from ray_ddp.observe.schema import COLUMNS, SCHEMA
-from ray_ddp.run_folder import RunFolder
+from ray_ddp.record.folder import RunFolder
 from ray_ddp.storage import read_table, write_table
 
 FROM_STEP = b"from_step"

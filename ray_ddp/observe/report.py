@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Callable, Optional
 from ray_ddp.errors import ConfigError
-from ray_ddp.driver.events import Event, where_restarted
-from ray_ddp.driver.status import read_events
-from ray_ddp.run_folder import METRICS_FILE, RunFolder
+from ray_ddp.record.events import Event, where_restarted
+from ray_ddp.record.status import read_events
+from ray_ddp.record.folder import METRICS_FILE, RunFolder
 from ray_ddp.storage import StorageConfig, read_table, resolve_storage
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.schema import rank_mean

@@ -6,7 +6,7 @@ Without it a restart was only noticed at the new group's first report, and told 
 the reports alone: a failure before the first report left no event and no line, and
 named no rank or node. Ray Train tells the controller's callbacks each group it starts
 (its ranks' nodes and processes), each poll that found a rank's error, and then what its
-failure policy decided. On RETRY this records one event (driver/events.py's
+failure policy decided. On RETRY this records one event (record/events.py's
 ``restart_event``): the failed rank and its node, the last step any rank finished (the
 hang watch's heartbeats, or the last report), the checkpoint the new group loads (this
 fit's newest, else the one the fit started from, else none: from scratch) and the
@@ -20,8 +20,8 @@ import logging
 from typing import Any, Callable, Optional
 
 from ray_ddp.checkpoint.names import checkpoint_step
-from ray_ddp.driver.events import restart_event
-from ray_ddp.driver.failures import summarize_failure
+from ray_ddp.record.events import restart_event
+from ray_ddp.record.failures import summarize_failure
 from ray_ddp.observe.ray_hooks import ControllerCallback, FailureDecision, WorkerGroupCallback
 
 

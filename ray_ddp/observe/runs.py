@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.errors import ConfigError
-from ray_ddp.driver.events import count_restarts, from_records
-from ray_ddp.driver.status import read_status
-from ray_ddp.driver.progress import read_progress
-from ray_ddp.run_folder import Progress
+from ray_ddp.record.events import count_restarts, from_records
+from ray_ddp.record.status import read_status
+from ray_ddp.record.progress import read_progress
+from ray_ddp.record.folder import Progress
 from ray_ddp.storage import StorageConfig, resolve_storage
 from ray_ddp.errors import StorageError
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.errors import ConfigError
 from ray_ddp.trackers.base import Tracker, Window
 
@@ -116,7 +116,7 @@ def open_tracking(uri: str, run_name: str, params: dict, experiment: str = "ray_
                               f"(mlflow experiments restore --experiment-id {exp.experiment_id})")
         else:
             experiment_id = exp.experiment_id
-        # the identity is a hex string ray_ddp made (driver/status.py): safe inside quotes
+        # the identity is a hex string ray_ddp made (record/status.py): safe inside quotes
         found = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{identity}'",
                                    max_results=1, order_by=["attributes.start_time DESC"])
         logged_until = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.trackers.base import Tracker, Window
 
 # name: (what it is, the row's column); tagged run, rank and node

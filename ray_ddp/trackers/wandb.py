@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.errors import ConfigError
 from ray_ddp.storage import read_json, resolve_storage, write_json
 from ray_ddp.trackers.base import Tracker, Window

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import ConfigError
-from ray_ddp.run_folder import RunFolder
+from ray_ddp.record.folder import RunFolder
 from ray_ddp.storage import read_json, read_table, resolve_storage, write_json, write_table
 from ray_ddp.cluster.runtime_env import user_module_paths
 from ray_ddp.tune.space import TuneConfig, max_epochs, pick_candidates, sample_space, trial_config
@@ -33,7 +33,7 @@ from ray_ddp.tune.tracking import open_search_tracking, tracked_search
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.cluster.attach import attach_ray
 from ray_ddp.driver.run import open_storage, run
-from ray_ddp.driver.status import read_status
+from ray_ddp.record.status import read_status
 
 TUNE_DIR, TRIALS_FILE, BEST_FILE = "tune", "trials.parquet", "best.json"
 POLL_S = 1.0

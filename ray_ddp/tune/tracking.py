@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Iterator, Optional
 
-from ray_ddp.driver.status import new_run_id
+from ray_ddp.record.status import new_run_id
 from ray_ddp.trackers.mlflow import MlflowRun, finish_tracking, open_tracking
 from ray_ddp.storage import read_json, write_json
 from ray_ddp.tune.space import TuneConfig

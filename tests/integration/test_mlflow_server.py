@@ -11,7 +11,7 @@ import pytest
 
 from mlflow.tracking import MlflowClient  # the test extra installs it (ray_ddp[mlflow])
 
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.trackers.mlflow import finish_tracking, log_events, log_window, open_tracking
 
 pytestmark = pytest.mark.ray

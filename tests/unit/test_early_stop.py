@@ -16,13 +16,13 @@ import torch
 from ray_ddp.checkpoint.format import TrainState, checkpoint_dir_name, save_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.data.inputs import ValSet
-from ray_ddp.driver.progress import format_early_stop, show_progress
+from ray_ddp.record.progress import format_early_stop, show_progress
 from ray_ddp.driver.start import find_start
 from ray_ddp.driver.summary import write_summary
 from ray_ddp.models.builtin import ToyModel
 from ray_ddp.observe.schema import EVAL_SCHEMA, SCHEMA
 from ray_ddp.observe.summarize import early_stop_row, summarize_report
-from ray_ddp.run_folder import EVAL_FILE, METRICS_FILE
+from ray_ddp.record.folder import EVAL_FILE, METRICS_FILE
 from ray_ddp.storage import resolve_storage, write_json, write_table
 from ray_ddp.worker.loop import is_final_save
 from ray_ddp.worker.validate import EarlyStop, Validator

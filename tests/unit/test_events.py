@@ -4,10 +4,10 @@ event's way through its JSON record and back."""
 
 import dataclasses
 
-from ray_ddp.driver.events import (Event, count_restarts, failure_event, merge_events, restart_event,
+from ray_ddp.record.events import (Event, count_restarts, failure_event, merge_events, restart_event,
                                    restarted_after_hang, table_events, where_restarted)
-from ray_ddp.driver.failures import FailureSummary
-from ray_ddp.driver.progress import format_event
+from ray_ddp.record.failures import FailureSummary
+from ray_ddp.record.progress import format_event
 
 FIELDS = {"type", "time", "step", "rank", "node", "cause", "from_checkpoint", "steps_lost", "restarted",
           "from_node"}

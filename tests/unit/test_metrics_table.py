@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from ray_ddp.observe.callback import MetricsCallback
 from ray_ddp.observe.metrics_table import MetricsAppender, fold_metrics, read_metrics
-from ray_ddp.run_folder import METRICS_FILE, METRICS_PARTS_FOLDER, RunFolder
+from ray_ddp.record.folder import METRICS_FILE, METRICS_PARTS_FOLDER, RunFolder
 from ray_ddp.storage import resolve_storage
 
 

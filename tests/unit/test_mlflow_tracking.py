@@ -12,7 +12,7 @@ import pytest
 from servers import free_port
 
 from ray_ddp.errors import ConfigError
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.trackers.mlflow import MlflowRun, finish_tracking, log_events, log_window, open_tracking
 
 

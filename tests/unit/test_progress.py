@@ -6,8 +6,8 @@ import time
 from contextlib import redirect_stdout
 
 from ray_ddp.observe.stragglers import StragglerState
-from ray_ddp.driver.progress import read_progress, show_progress
-from ray_ddp.run_folder import Progress
+from ray_ddp.record.progress import read_progress, show_progress
+from ray_ddp.record.folder import Progress
 from ray_ddp.storage import resolve_storage, write_json
 
 
@@ -75,7 +75,7 @@ def test_the_restart_after_a_hang_is_told_as_the_hangs(tmp_path):
     """Ray Train sees only the processes the hang watch killed (a lost rank, at the last
     step its reports said): the display tells that restart as the hang's, with the hang's
     step and the steps redone from there; a later failure is still a failure."""
-    from ray_ddp.driver.events import Event
+    from ray_ddp.record.events import Event
 
     store = resolve_storage(str(tmp_path))
     hang = Event("hang", 100.0, 10, 1, "10.0.0.7", "hang: no rank finished a step for 11 s after step 10: ...")

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from ray_ddp.driver.failures import FailureSummary
+from ray_ddp.record.failures import FailureSummary
 from ray_ddp.driver.restart_decision import (REPEATED_FAILURE_LIMIT, RestartPolicyConfig, RestartState,
                                              decide_restart)
 

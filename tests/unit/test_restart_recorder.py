@@ -14,7 +14,7 @@ from ray.train.v2._internal.execution.context import DistributedContext
 from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
 from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, Worker
 
-from ray_ddp.driver.progress import format_event
+from ray_ddp.record.progress import format_event
 from ray_ddp.observe.callback import MetricsCallback
 from ray_ddp.observe.ray_hooks import FailureDecision
 from ray_ddp.observe.restarts import RestartRecorder
@@ -111,8 +111,8 @@ def test_a_group_resumed_from_a_nodes_snapshot_settles_its_restart_before_any_wi
     """The new group's words before its first step (a report without rows): the restart's
     event takes the snapshot it loaded, its node, and the step the failed group reached at
     least (it wrote that snapshot), in progress.json at once; the driver says it again."""
-    from ray_ddp.driver.events import from_records
-    from ray_ddp.driver.progress import format_settled
+    from ray_ddp.record.events import from_records
+    from ray_ddp.record.progress import format_settled
 
     metrics = fit_metrics(tmp_path)
     recorder = RestartRecorder(metrics)

@@ -8,8 +8,8 @@ import json
 
 from ray_ddp.cluster.placement import plan_placement
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.driver.status import new_run_id, read_run_id, read_status, write_status
-from ray_ddp.run_folder import Status
+from ray_ddp.record.status import new_run_id, read_run_id, read_status, write_status
+from ray_ddp.record.folder import Status
 from ray_ddp.storage import resolve_storage
 
 

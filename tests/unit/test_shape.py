@@ -31,6 +31,10 @@ FORBIDDEN = {
     "cluster": ("torch.distributed",),
     "cli": ("torch.distributed",),
     "models": ("ray_ddp.parallel",),  # a model declares its FSDP units; parallel/ reads them
+    # the controller's code and the run's record stand apart from the driver (issue 57)
+    "observe": ("ray_ddp.driver", "ray_ddp.cli"),
+    "trackers": ("ray_ddp.driver", "ray_ddp.cli"),
+    "record": ("ray_ddp.driver", "ray_ddp.observe", "ray_ddp.trackers", "ray_ddp.cli"),
 }
 
 

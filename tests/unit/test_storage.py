@@ -11,7 +11,7 @@ import pytest
 from flaky_fs import flaky_fs
 from ray_ddp.observe.schema import SCHEMA
 from ray_ddp.observe.callback import MetricsCallback
-from ray_ddp.run_folder import METRICS_FILE
+from ray_ddp.record.folder import METRICS_FILE
 from ray_ddp.storage import read_json, read_table, resolve_storage, write_json, write_table
 from ray_ddp.errors import StorageError
 

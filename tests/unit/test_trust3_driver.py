@@ -16,8 +16,8 @@ from flaky_fs import flaky_fs
 from pyarrow.fs import LocalFileSystem
 
 import ray_ddp.storage as storage
-from ray_ddp.driver.failures import describe_loss, summarize_failure
-from ray_ddp.driver.progress import show_progress
+from ray_ddp.record.failures import describe_loss, summarize_failure
+from ray_ddp.record.progress import show_progress
 from ray_ddp.driver.restart_decision import RestartPolicyConfig, RestartState, decide_restart
 from ray_ddp.errors import StorageError, TrainingError
 from ray_ddp.storage import StorageConfig, write_json
@@ -116,7 +116,7 @@ def test_an_unexpected_error_in_the_poll_is_one_warning_line_and_the_poll_goes_o
 
 def test_a_storage_error_is_still_a_storage_error_to_the_other_readers(flaky):
     """Only the display forgives a failed read: read_progress keeps its contract."""
-    from ray_ddp.driver.progress import read_progress
+    from ray_ddp.record.progress import read_progress
 
     store, handler, path = flaky
     write_json(store.fs, f"{path}/progress.json", progress(5))

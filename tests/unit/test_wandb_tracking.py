@@ -15,7 +15,7 @@ import pytest
 from wandb_files import read_offline_run
 
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.driver.events import Event
+from ray_ddp.record.events import Event
 from ray_ddp.driver.tracking import check_tracking
 from ray_ddp.errors import ConfigError
 from ray_ddp.storage import resolve_storage

@@ -18,8 +18,8 @@ import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
-from ray_ddp.driver.events import Event, attribute_hangs, from_records, steps_to_redo, where_restarted
-from ray_ddp.run_folder import Progress, RunFolder
+from ray_ddp.record.events import Event, attribute_hangs, from_records, steps_to_redo, where_restarted
+from ray_ddp.record.folder import Progress, RunFolder
 from ray_ddp.errors import StorageError
 from ray_ddp.storage import StorageConfig, read_json
 

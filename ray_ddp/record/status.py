@@ -8,8 +8,8 @@ import uuid
 from typing import Optional
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import PlacementConfig
-from ray_ddp.driver.events import Event, from_records, to_records
-from ray_ddp.run_folder import RunFolder, Status
+from ray_ddp.record.events import Event, from_records, to_records
+from ray_ddp.record.folder import RunFolder, Status
 from ray_ddp.storage import StorageConfig, read_json, write_json
 
 
@@ -47,7 +47,7 @@ def write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConf
     own id, what tracking finds the run by: ``run_id`` given for a folder that has none
     yet) survive resumes, and so do
     the world-size stretches until a finished run gives new ones, and the events until
-    new ones are given (every event of the run so far: driver/events.py). Reads nothing
+    new ones are given (every event of the run so far: record/events.py). Reads nothing
     else, so a failure path can always write it."""
     store.fs.create_dir(run_path, recursive=True)
     old = read_status(store, run_path) or Status(state)  # not a status: start the record afresh

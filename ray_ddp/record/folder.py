@@ -6,9 +6,9 @@ Used on the driver, in Ray Train's controller (the metrics callback) and on work
 reading and writing go through ``storage.py``, whatever the filesystem.
 
     <storage>/<run>/
-      status.json       where the run stands, what `ray-ddp runs` shows (driver/status.py)
+      status.json       where the run stands, what `ray-ddp runs` shows (record/status.py)
       progress.json     the latest report, rewritten by the metrics callback; the driver
-                        polls it to show progress (driver/progress.py)
+                        polls it to show progress (record/progress.py)
       summary.json      the last command's summary (driver/summary.py)
       metrics.parquet   a row per rank per report (observe/callback.py)
       metrics.parts/    the rows of the latest checkpoints, not yet folded into
@@ -100,7 +100,7 @@ def _known_fields(cls, data: Any, required: str, kind: type, file: str) -> dict[
 
 @dataclass(frozen=True)
 class Status:
-    """status.json: where a run stands, what `ray-ddp runs` shows (driver/status.py writes
+    """status.json: where a run stands, what `ray-ddp runs` shows (record/status.py writes
     it; docs/run-folder.md gives each key). The fields in the file's order."""
 
     state: str  # running, complete, failed or interrupted
@@ -114,7 +114,7 @@ class Status:
     gpus_per_worker: Optional[float] = None
     model: Optional[str] = None
     error: Optional[str] = None
-    events: list[dict[str, Any]] = field(default_factory=list)  # every event of the run (driver/events.py)
+    events: list[dict[str, Any]] = field(default_factory=list)  # every event of the run (record/events.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

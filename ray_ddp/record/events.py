@@ -15,7 +15,7 @@ import time
 from typing import Any, Optional
 
 from ray_ddp.checkpoint.names import checkpoint_dir_name, checkpoint_step
-from ray_ddp.driver.failures import FailureSummary
+from ray_ddp.record.failures import FailureSummary
 
 KINDS = ("failure", "hang", "preemption", "resize")
 
