@@ -1,119 +1,28 @@
-"""TorchTrainer.fit() for a planned run: the trainer built, progress shown, status.json
-kept, a failure turned into one line, and the driver's own restarts. Runs on the
-driver.
+"""One fit of a planned run: what its workers receive (plan_workers), the TorchTrainer
+fitted (fit_on_ray) and its failure turned into one line, and what a fit leaves for the
+supervisor (driver/supervisor.py) to read after it: the controller's events, the
+trackers it dropped, the metrics parts folded. Runs on the driver.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Optional
+
 from ray_ddp.checkpoint.format import started_from_of
-from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
-from ray_ddp.config.train import TrainConfig
-from ray_ddp.plan import RunPlan, WorkerPlan
+from ray_ddp.checkpoint.verify import CheckpointScan
 from ray_ddp.cluster.placement import PlacementConfig
-from ray_ddp.record.events import (Event, attribute_hangs, failure_event, from_records, merge_events,
-                                   restarted_after_hang, steps_to_redo, table_events)
-from ray_ddp.driver.hangs import HangMonitor
-from ray_ddp.record.failures import describe_loss, summarize_failure
-from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig, RestartState, decide_restart
-from ray_ddp.cluster.runtime_env import nccl_hang_env, train_controller_env, worker_runtime_env
-from ray_ddp.record.progress import read_progress, show_progress
-from ray_ddp.record.folder import Progress, RunFolder
-from ray_ddp.storage import StorageConfig
-from ray_ddp.driver.start import StartState, planned_steps
-from ray_ddp.record.status import read_events, write_status
+from ray_ddp.cluster.runtime_env import worker_runtime_env
+from ray_ddp.config.train import TrainConfig
+from ray_ddp.driver.start import planned_steps
 from ray_ddp.errors import StorageError, TrainingError
+from ray_ddp.observe.metrics_table import fold_metrics
+from ray_ddp.plan import RunPlan, WorkerPlan
+from ray_ddp.record.events import Event, from_records
+from ray_ddp.record.failures import describe_loss, summarize_failure
+from ray_ddp.record.folder import Progress, RunFolder
+from ray_ddp.record.progress import read_progress
+from ray_ddp.storage import StorageConfig
 from ray_ddp.worker.collectives import start_up_timeout_s
-from ray_ddp.observe.metrics_table import fold_metrics, read_metrics
-from ray_ddp.observe.summarize import world_stretches
-
-
-def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConfig,
-                    start: StartState, objects: dict[str, Any], echo: Callable[[str], None], *,
-                    init_from: Optional[str] = None, model_loss: bool = False, tracking=None,
-                    ray_inputs=None, fit: Optional[Callable[..., None]] = None) -> None:
-    """TorchTrainer.fit() with progress shown, and status.json telling where it stands;
-    started again from the newest checkpoint when ``failures`` says the run goes on.
-    ``init_from``: a new run's first weights; ``model_loss``: batches hand the model its
-    labels (WorkerPlan); ``tracking``: the run's Trackers; ``ray_inputs``: the trainer's Ray
-    Datasets, their DataConfig and the workers' RayDataConfig (data/ray_data.py);
-    ``fit``: what runs the workers, ``fit_on_ray`` (a TorchTrainer) unless the caller
-    brings its own (the tests' gloo harness: plain processes, for ray_ddp's own code)."""
-    cfg = run.run_config()  # the options the run trains with (status.json shows them)
-    run_path = run.folder.path
-    scan = start.scan
-    restarts = RestartState()
-    policy = RestartPolicyConfig(placement.elastic, cfg.max_failures, cfg.max_preemptions)
-    earlier = read_events(store, run_path)  # of the commands before this one
-    events: list[Event] = []  # this command's
-    pending: list[Event] = []  # hangs that ended a fit (no restart within it followed)
-    write_status(store, run_path, "running", cfg, placement, run_id=start.run_id)
-    monitor = HangMonitor(cfg.hang_timeout, store, run_path, echo, cfg.wait_timeout)
-    try:
-        while True:
-            try:
-                try:
-                    with show_progress(store, run_path, echo, enabled=not cfg.quiet,
-                                       hangs=lambda: list(monitor.hangs)), \
-                            train_controller_env(nccl_hang_env(placement.backend, cfg.hang_timeout)):
-                        plan = plan_workers(run, scan, objects, init_from, model_loss, monitor.actor,
-                                            ray_inputs[2] if ray_inputs else None)
-                        # the steps an earlier fit's controller logged (it is gone): not logged twice
-                        if tracking is not None:
-                            tracking.resume()
-                        (fit or fit_on_ray)(cfg, store, placement, plan, objects, tracking, ray_inputs)
-                finally:  # the restarts Ray Train made within this fit, before the next overwrites them
-                    told, pending = attribute_hangs(controller_events(store, run_path), monitor.take_hangs())
-                    events.extend(told)
-                    if tracking is not None:
-                        drop_failed_trackers(tracking, store, run_path)
-                        for hang in (e for e in told if e.type == "hang"):
-                            # the controller counted the restart of its event; the hang is the driver's
-                            tracking.log_event(dataclasses.replace(hang, restarted=False))
-                    fold_metrics_after_fit(store, run.folder)
-                break
-            except TrainingError as err:
-                if pending and err.failure is not None:  # the watch ended the group: say why
-                    err.args = (pending[-1].cause.removeprefix("hang: "),)
-                scan = find_latest_checkpoint(store.fs, run_path, verify_crc=True)
-                decision = _decide_restart(err, restarts, policy, store, run_path, scan)
-                if decision is None:  # Ray's controller failed: no rank to name, nothing to decide
-                    raise
-                restarts = decision.state
-                event = failure_event(err.failure, err.step, decision.restart, scan.latest,
-                                      preemption=decision.preemption)
-                if pending:
-                    event = restarted_after_hang(pending[-1], event)
-                events.append(event)
-                if tracking is not None:
-                    tracking.log_event(event)
-                if not decision.restart:
-                    err.args = (str(err) + decision.reason,)
-                    raise
-                echo(f"{err}; restarting from {scan.latest or 'scratch'} ({decision.reason})"
-                     + _steps_to_redo(err.step, scan.meta))
-                write_status(store, run_path, "running", cfg, placement,
-                             events=merge_events(earlier + events))
-    except TrainingError as err:
-        write_status(store, run_path, "failed", cfg, placement, error=str(err),
-                     events=merge_events(earlier + events))
-        raise
-    except KeyboardInterrupt:
-        write_status(store, run_path, "interrupted", cfg, placement)
-        raise
-    except BaseException as err:  # a bug or a storage failure: never leave "running"
-        write_status(store, run_path, "failed", cfg, placement, error=f"{type(err).__name__}: {err}")
-        raise
-    finally:
-        monitor.close()
-
-    table = read_metrics(store.fs, run.folder)
-    stretches = world_stretches(table) if table is not None and table.num_rows else None
-    # the table holds the whole run: its preemptions and resizes, earlier commands' too
-    write_status(store, run_path, "complete", cfg, placement, stretches=stretches,
-                 events=merge_events(earlier + events, table_events(table.to_pylist(), stretches or []))
-                 if table is not None else merge_events(earlier + events))
 
 
 def fold_metrics_after_fit(store: StorageConfig, folder: RunFolder) -> None:
@@ -161,24 +70,6 @@ def plan_workers(run: RunPlan, scan: CheckpointScan, objects: dict[str, Any],
                       init_from=init_from if scan.latest is None else None, init_strict=run.config.init_strict,
                       started_from=init_from if scan.meta is None else started_from_of(scan.meta),
                       hang_watch=hang_watch, ray_data=ray_data)
-
-
-def _decide_restart(err: TrainingError, restarts: RestartState, policy: RestartPolicyConfig,
-                    store: StorageConfig, run_path: str, scan: CheckpointScan) -> Optional[RestartDecision]:
-    """decide_restart for a fit that ended in ``err``, with the nodes progress.json knows
-    (those preempted, those the ranks ran on); None when no rank explains the failure."""
-    if err.failure is None:
-        return None
-    progress = read_progress(store, run_path) or Progress(0.0)
-    preempted = {n for p in progress.preemptions for n in str(p.get("node_id", "")).split(",") if n}
-    run_nodes = {str(n) for n in progress.nodes.values() if n}
-    return decide_restart(err.failure, policy, restarts, preempted, run_nodes, scan.latest)
-
-
-def _steps_to_redo(step: Optional[int], meta: Optional[dict[str, Any]]) -> str:
-    if step is None:
-        return ""
-    return steps_to_redo(step - (meta["step"] if meta else 0))
 
 
 def fit_on_ray(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,

@@ -25,7 +25,7 @@ from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
 from ray_ddp.storage import StorageConfig, check_writable, read_json, resolve_storage
 from ray_ddp.record.events import from_records
-from ray_ddp.driver.fit import fit_with_status
+from ray_ddp.driver.supervisor import fit_with_status
 from ray_ddp.driver.snapshots import drop_snapshots
 from ray_ddp.driver.resolve import describe_global_batch, resolve
 from ray_ddp.plan import RunPlan

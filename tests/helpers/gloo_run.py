@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from ray_ddp.cluster.placement import plan_placement
 from ray_ddp.config.workers import worker_range
-from ray_ddp.driver.fit import fit_with_status
+from ray_ddp.driver.supervisor import fit_with_status
 from ray_ddp.driver.resolve import resolve
 from ray_ddp.driver.run import announce, check_run, find_start_point, open_storage, summary_of_complete_run
 from ray_ddp.driver.summary import RunSummary, write_summary
