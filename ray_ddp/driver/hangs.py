@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 from ray_ddp.record.events import Event
 from ray_ddp.driver.hang_actor import (DUMP_WAIT_S, alive_on_node, any_alive, dump_on_node, kill_on_node,
                                        start_watch)
-from ray_ddp.driver.hang_report import hang_event, write_stacks
+from ray_ddp.driver.hang_report import write_stacks
+from ray_ddp.record.events import hang_event
 from ray_ddp.driver.hang_state import Process
 from ray_ddp.record.folder import RunFolder
 

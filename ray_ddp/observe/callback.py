@@ -1,26 +1,28 @@
 """MetricsCallback: every rank's metrics, from ray.train.report to the run folder and the
-run's trackers. Runs inside Ray Train's controller actor (not the driver).
+run's trackers. Runs inside Ray Train's controller actor (not the driver). Its parts,
+each owning its state: the tables (observe/run_table.py), the restarts and resizes
+(observe/group_events.py), the stragglers (observe/stragglers.py), the trackers
+(trackers/); it keeps progress.json and prunes checkpoints under --keep-best.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
-from typing import Any, Optional
 import time
+from typing import Any, Optional
 
-import pyarrow as pa
 from ray.train import UserCallback
-from ray_ddp.record.folder import Progress, RunFolder
-from ray_ddp.errors import StorageError
-from ray_ddp.storage import read_table, resolve_storage, write_json, write_table
-from ray_ddp.observe.metrics_table import MetricsAppender, read_metrics
+
 from ray_ddp.checkpoint.retention import prune_checkpoints
-from ray_ddp.record.events import Event, restart_event, settle_restart, to_records
-from ray_ddp.record.failures import FailureSummary
-from ray_ddp.observe.schema import EVAL_SCHEMA, eval_row, unpack_windows
+from ray_ddp.errors import StorageError
+from ray_ddp.observe.group_events import GroupEvents
+from ray_ddp.observe.run_table import RunTable
+from ray_ddp.observe.schema import unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report
+from ray_ddp.record.events import Event, to_records
+from ray_ddp.record.folder import Progress
+from ray_ddp.storage import resolve_storage, write_json
 from ray_ddp.trackers.base import Trackers, Window
 
 
@@ -35,32 +37,26 @@ class MetricsCallback(UserCallback):
         self.total_steps = total_steps
         self.epochs = epochs
         self.keep, self.keep_best = keep, keep_best  # with keep_best, Ray keeps all: we prune
-        self._table = MetricsAppender()  # the open part of metrics.parquet and when to fold
-        # (step, world size) of each window so far, earlier commands' included: read
-        # lazily in the controller (it tells a resize)
-        self._worlds: Optional[list[tuple[int, int]]] = None
-        self._evals: list[dict[str, Any]] = []
+        self._table = RunTable()
         self._stragglers = StragglerState()
         self._preemptions: list[dict[str, Any]] = []  # shown by the driver as they come
-        self._events: list[Event] = []  # worker-group restarts within this fit
-        self._restart_recorded = False  # observe/restarts.py recorded the group's restart
         self._nodes: dict[str, Any] = {}  # rank -> node ID of the group now running
         self._progress: Optional[Progress] = None  # progress.json as last written
         self._last_step: Optional[int] = None  # the last step reported in this fit
         self._group_step: Optional[int] = None  # the last step the running worker group reported
         self._last_checkpoint: Optional[tuple[str, int]] = None  # (its folder, its step)
         self.trackers = trackers if trackers is not None else Trackers([])
+        self._groups = GroupEvents(self.trackers)  # worker-group restarts and resizes within this fit
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         if "group_started" in metrics[0]:  # a group resumed from a node's snapshot says so at once
-            self._settle_restart(metrics[0]["group_started"])
-            self._write_progress(self._progress_now(events=to_records(self._events)))
+            self._groups.settle(metrics[0]["group_started"])
+            self._write_progress(self._progress_now(events=to_records(self._groups.events)))
             return
         store = resolve_storage(self.storage)
         folder = store.run_folder(self.name)
         windows = unpack_windows(metrics)
-        if self._worlds is None:
-            self._load_history(store.fs, folder)
+        self._table.load(store.fs, folder)
         # Windows end on fixed steps, so a restarted worker group (or a resumed run)
         # re-reports the very steps it redoes: its rows replace the earlier attempt's.
         # a new group's first row says where it resumed: the steps after it are redone,
@@ -71,10 +67,9 @@ class MetricsCallback(UserCallback):
         resumed = opening[0].get("resumed_at")
         first_step = int(windows[0][0]["step"]) if resumed is None else min(int(windows[0][0]["step"]),
                                                                               int(resumed) + 1)
-        self._note_restart(opening)
-        self._worlds = [w for w in self._worlds if w[0] < first_step]
-        self._note_resize(opening)
-        self._record(first_step, windows)
+        self._groups.note_restart(opening, self._last_step, self._last_checkpoint or (None, 0), self.preempted_at)
+        self._groups.note_resize(opening, self._table.world_before(first_step))
+        self._table.record(first_step, windows)
         straggler = None
         for window in windows:
             straggler = self._stragglers.update(window)
@@ -87,38 +82,17 @@ class MetricsCallback(UserCallback):
         # every report's rows reach storage before the next report: a failure, an
         # interruption or a killed driver loses none of the rows that explain it
         try:
-            self._table.write(store.fs, folder, seal=checkpoint is not None)
+            self._table.write_rows(store.fs, folder, seal=checkpoint is not None)
         except StorageError:
             if checkpoint is not None:  # a checkpoint's rows must be in storage with it
                 raise
             # the rows stay in the open part, in memory, and go out with the next report
             print(f"warning: ray_ddp could not write the metrics rows of step {progress.step} to storage; "
                   "trying again at the next report", flush=True)
-        if any("val_loss" in window[0] for window in windows) or (checkpoint is not None and self._evals):
-            write_table(store.fs, folder.evals, pa.Table.from_pylist(self._evals, schema=EVAL_SCHEMA))
-        if checkpoint is not None:
-            if self.keep_best:
-                prune_checkpoints(store.fs, folder.path, self.keep, self._evals)
-
-    def _load_history(self, fs, folder: RunFolder) -> None:
-        """What earlier commands (and this fit's earlier controller) left: each window's
-        world size, and the validations (eval.parquet is small: rewritten whole)."""
-        table = read_metrics(fs, folder)
-        # a row per rank per window: a window's rows count its world size
-        ranks = Counter([] if table is None else table.column("step").to_pylist())
-        self._worlds = sorted(ranks.items())
-        self._table.table_rows = 0 if table is None else table.num_rows
-        evals = read_table(fs, folder.evals)
-        self._evals = [] if evals is None else evals.to_pylist()
-
-    def _record(self, first_step: int, windows: list[list[dict[str, Any]]]) -> None:
-        """The windows' rows (in the open part of metrics.parquet) and validations."""
-        self._table.add(first_step, [m for window in windows for m in window])
-        self._evals = [r for r in self._evals if r["step"] < first_step]
-        for window in windows:
-            self._worlds.append((int(window[0]["step"]), len(window)))
-            if "val_loss" in window[0]:
-                self._evals.append(eval_row(window[0]))
+        if any("val_loss" in window[0] for window in windows) or (checkpoint is not None and self._table.evals):
+            self._table.write_evals(store.fs, folder)
+        if checkpoint is not None and self.keep_best:
+            prune_checkpoints(store.fs, folder.path, self.keep, self._table.evals)
 
     def _progress_after(self, windows: list[list[dict[str, Any]]], checkpoint, straggler) -> Progress:
         """progress.json after a report: its last window over every rank, and what this fit saw."""
@@ -135,7 +109,7 @@ class MetricsCallback(UserCallback):
         self._nodes = {str(m["rank"]): m.get("node_id") for m in windows[-1]}
         return Progress(
             **report, straggler=straggler, preemptions=self._preemptions,
-            events=to_records(self._events),  # restarts Ray Train made itself (--max-failures)
+            events=to_records(self._groups.events),  # restarts Ray Train made itself (--max-failures)
             **self._trackers_failed(), nodes=self._nodes,
             report_time=report["time"])  # "time" also moves with a later event
 
@@ -166,10 +140,8 @@ class MetricsCallback(UserCallback):
 
     def add_event(self, event: Event) -> None:
         """A restart, in progress.json at once: the driver says it as it happens."""
-        self._events.append(event)
-        self.trackers.log_event(event)
-        self._restart_recorded = True
-        self._write_progress(self._progress_now(events=to_records(self._events), nodes=self._nodes))
+        self._groups.add(event)
+        self._write_progress(self._progress_now(events=to_records(self._groups.events), nodes=self._nodes))
 
     def _progress_now(self, **changes) -> Progress:
         """The last progress.json with ``changes``, written now (none yet: only them)."""
@@ -185,43 +157,6 @@ class MetricsCallback(UserCallback):
         store = resolve_storage(self.storage)
         self._progress = progress
         write_json(store.fs, store.run_folder(self.name).progress, progress.to_dict())
-
-    def _note_restart(self, first_window: list[dict[str, Any]]) -> None:
-        """Record an event when this report opens a new worker group within this fit (its
-        ranks' first rows carry ``started_at``) and RestartRecorder did not record its
-        restart as it happened (its hooks are Ray's DeveloperAPI: a fallback that holds
-        if they stop being called). Where rank 0's first row says the group loaded a
-        node's in-memory snapshot, the restart's event takes it (and the steps it redoes)."""
-        if not any(m.get("started_at") is not None for m in first_window):
-            return
-        if self._last_step is not None and not self._restart_recorded:
-            name, at = self._last_checkpoint or (None, 0)
-            self._events.append(restart_event(FailureSummary(-1, "?", None, ""), self._last_step, name,
-                                              self.preempted_at(at)))
-            self.trackers.log_event(self._events[-1])
-        self._restart_recorded = False
-        self._settle_restart(min(first_window, key=lambda m: m.get("rank", 0)))  # rank 0's: where it started
-
-    def _settle_restart(self, started: dict[str, Any]) -> None:
-        """Where a new group's rank 0 says it loaded a node's in-memory snapshot (newer than
-        the checkpoint the restart was recorded with), the restart's event takes it and
-        the steps it redoes."""
-        if started.get("resumed_from_node") is not None and self._events and self._events[-1].restarted:
-            self._events[-1] = settle_restart(self._events[-1], int(started["resumed_at"]),
-                                              started.get("resumed_from"), started.get("resumed_from_node"))
-
-    def _note_resize(self, first_window: list[dict[str, Any]]) -> None:
-        """Record a resize when a new worker group runs at another world size than the
-        window before it (Ray Train's elastic restart, or the driver's restart of an
-        elastic run): said by the driver as it happens, found again in the table at the end."""
-        if not self._worlds or not any(m.get("started_at") is not None for m in first_window):
-            return
-        last, before = self._worlds[-1]
-        after = len(first_window)
-        if before != after:
-            self._events.append(Event("resize", time.time(), int(last), None, None,
-                                      f"world size {before} -> {after}"))
-            self.trackers.log_event(self._events[-1])
 
     def after_exception(self, run_context, worker_exceptions) -> None:
         self.trackers.close()

@@ -3,8 +3,11 @@ said in one line when it happens and kept in ``events`` of status.json and summa
 Runs on the driver; ``Event`` and ``restart_event`` also in Ray Train's controller
 (observe/restarts.py records the restarts Ray Train makes itself).
 
-Every event is an ``Event`` (its fields below) from where it is made to where it is
-written: its dict exists only in the JSON files (progress.json, from Ray Train's
+Each kind is made here, by one function: failure_event and restart_event (a lost worker
+or a preemption), settle_restart (where the new group resumed), hang_event,
+resize_event, table_events (what the metrics table shows). Every event is an ``Event``
+(its fields below) from where it is made to where it is written: its dict exists only
+in the JSON files (progress.json, from Ray Train's
 controller to the driver; status.json and summary.json), read back by ``Event.from_dict``.
 """
 
@@ -110,9 +113,34 @@ def table_events(rows: list[dict[str, Any]], stretches: list[dict[str, int]]) ->
                                 True))
     for before, after in zip(stretches, stretches[1:]):
         at = [r["time"] for r in rows if r["step"] == before["to_step"]]
-        events.append(Event("resize", max(at) if at else None, before["to_step"], None, None,
-                            f"world size {before['world_size']} -> {after['world_size']}"))
+        events.append(resize_event(before["to_step"], before["world_size"], after["world_size"],
+                                   max(at) if at else None))
     return events
+
+
+def resize_event(step: int, before: int, after: int, at: Optional[float] = None) -> Event:
+    """The world size changed after ``step`` (at ``at``, default now)."""
+    return Event("resize", time.time() if at is None else at, int(step), None, None,
+                 f"world size {before} -> {after}")
+
+
+def hang_event(stall: dict[str, Any], ranks: dict[int, dict], stacks: dict[int, dict]) -> Event:
+    """A hang the watch caught (driver/hangs.py), its cause the one line to print: which
+    ranks are not waiting in a collective, and where (``stacks``: each rank's verdict)."""
+    stuck = sorted(r for r in ranks if not stacks[r]["waiting"])
+    waiting = sorted(r for r in ranks if stacks[r]["waiting"])
+    head = f"no rank finished a step for {stall['since_s']:.0f} s after step {stall['step']}"
+    if stuck:
+        named = "; ".join(f"rank {r} on node {ranks[r]['ip'] or ranks[r]['node'][:12]} at {stacks[r]['where']}"
+                          for r in stuck)
+        cause = f"hang: {head}: not in a collective: {named}"
+    else:
+        cause = f"hang: {head}: every rank waits in a collective (a lost message, or a peer's device)"
+    if waiting and stuck:
+        cause += f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} in one"
+    first = stuck[0] if stuck else None
+    return Event("hang", time.time(), stall["step"], first,
+                 (ranks[first]["ip"] or ranks[first]["node"]) if first is not None else None, cause)
 
 
 def attribute_hangs(restarts: list[Event], hangs: list[Event]) -> tuple[list[Event], list[Event]]:

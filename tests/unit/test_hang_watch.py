@@ -18,7 +18,8 @@ from pyarrow.fs import LocalFileSystem
 from ray_ddp.config.checks import parse_profile_steps
 from ray_ddp.record.events import Event, attribute_hangs
 from ray_ddp.driver.hang_actor import HangWatch, _alive, _kill
-from ray_ddp.driver.hang_report import hang_event, write_stacks
+from ray_ddp.driver.hang_report import write_stacks
+from ray_ddp.record.events import hang_event
 from ray_ddp.driver.hang_state import WatchState
 from ray_ddp.driver.hangs import HangHandler, end_group, gather_dumps
 from ray_ddp.errors import ConfigError

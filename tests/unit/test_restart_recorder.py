@@ -68,10 +68,11 @@ def test_a_rank_lost_before_any_report_is_recorded_with_its_node_and_scratch(tmp
     # the new group's first report does not record the same restart again: it settles it,
     # from where its rank 0 resumed (here a node's snapshot, newer than any checkpoint)
     recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.3"]))
-    metrics._note_restart([{"started_at": 1.0, "rank": 1, "resumed_at": 0},
-                           {"started_at": 1.0, "rank": 0, "resumed_at": 3, "resumed_from": "step-00000003",
-                            "resumed_from_node": "5d1e0000"}])
-    [settled] = metrics._events
+    metrics._groups.note_restart([{"started_at": 1.0, "rank": 1, "resumed_at": 0},
+                                  {"started_at": 1.0, "rank": 0, "resumed_at": 3, "resumed_from": "step-00000003",
+                                   "resumed_from_node": "5d1e0000"}],
+                                 metrics._last_step, (None, 0), metrics.preempted_at)
+    [settled] = metrics._groups.events
     assert (settled.from_checkpoint, settled.from_node, settled.steps_lost) == \
         ("step-00000003", "5d1e0000", max(0, settled.step - 3))
     assert "restarted from the snapshot of step 3 on node 5d1e0000" in format_event(settled)
@@ -95,7 +96,7 @@ def test_a_failure_ray_does_not_retry_is_left_to_the_driver_with_its_last_step(t
     metrics._group_step = 17  # what the group's reports (or heartbeats) reached
     recorder.after_worker_group_poll_status(dead(1))
     recorder.before_controller_execute_failure_decision(FailureDecision.RAISE)
-    assert not progress(tmp_path).get("events") and metrics._events == []
+    assert not progress(tmp_path).get("events") and metrics._groups.events == []
     # the driver's line ("... was lost ... at step 17") reads the step from progress.json
     assert progress(tmp_path)["step"] == 17
 
