@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 
 BLOCK, HEADER = 32 * 1024, 7
@@ -51,8 +52,21 @@ def records(path: str):
             yield record
 
 
-def read_offline_run(wandb_dir: str, run_id: str) -> OfflineRun:
-    """All the offline sessions of ``run_id`` under ``wandb_dir``/wandb/, oldest first."""
+def read_offline_run(wandb_dir: str, run_id: str, timeout_s: float = 0) -> OfflineRun:
+    """All the offline sessions of ``run_id`` under ``wandb_dir``/wandb/, oldest first, once
+    every session's file holds its exit record (waited on up to ``timeout_s``, where every
+    session was finished): wandb-core writes a session's last records
+    after ``finish()`` has returned, so a loaded machine may read a file before its tail
+    (seen: a summary missing under the full suite)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = _read_sessions(wandb_dir, run_id)
+        if len(run.exit_codes) >= run.sessions or time.monotonic() > deadline:
+            return run
+        time.sleep(0.2)
+
+
+def _read_sessions(wandb_dir: str, run_id: str) -> OfflineRun:
     run = OfflineRun()
     # a session started in the same second as another gets a folder named -1, -2, ...
     folders = glob.glob(os.path.join(wandb_dir, "wandb", f"offline-run-*-{run_id}")) + glob.glob(

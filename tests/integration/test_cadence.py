@@ -3,7 +3,8 @@ lost worker redoes at most --checkpoint-every-steps steps, not the epoch so far.
 cadence moves no weight: every run here ends with the weights of the same run without
 it, and a run stopped by --max-steps and rerun with a larger one continues bit-identically.
 ray_ddp's own loop in the gloo harness (the reports and checkpoints it makes take the
-path of every other checkpoint on Ray: test_faults.py, test_recovery.py)."""
+path of every other checkpoint on Ray: test_faults.py, test_recovery.py; a worker killed
+on Ray and restarted from a step checkpoint mid-epoch: test_fsdp.py's killed run)."""
 
 from __future__ import annotations
 
@@ -83,28 +84,6 @@ def test_max_steps_ends_the_run_and_a_larger_one_continues_it_bit_identically(pl
     rest = train_in_gloo(small(storage, "cadence-max", val_data=val, max_steps=100, **RUN))
     assert (rest.steps, rest.epochs_completed) == (20, 2)
     assert final_hashes(rows_of(rest)) == final_hashes(rows_of(plain))
-
-
-def test_a_worker_lost_mid_epoch_redoes_at_most_the_steps_since_the_last_step_checkpoint(ray_local, storage,
-                                                                                        tmp_path):
-    """On Ray: rank 1 SIGKILLed at step 7 of a 10-step epoch, --checkpoint-every-steps 3:
-    Ray Train restarts the group from a step checkpoint, not from scratch (a checkpoint per
-    epoch would cost all 7 steps), and the run ends with the weights of one never killed."""
-    import functools
-
-    from ray_ddp import run
-    from user_models import dies_on_rank_one
-
-    cfg = small(storage, "cadence-killed", epochs=1, checkpoint_every_steps=3, max_failures=1, keep=4)
-    summary = run(cfg, model=functools.partial(dies_on_rank_one, str(tmp_path / "died"), 7))
-    [event] = summary.events
-    assert (event["type"], event["rank"], event["restarted"]) == ("failure", 1, True), event
-    # a checkpoint counts once Ray Train's controller has taken its report (it polls each
-    # second; these toy steps take milliseconds): step 6's, or step 3's when the kill came first
-    assert event["from_checkpoint"] in ("step-00000003", "step-00000006"), event
-    assert event["steps_lost"] < 7, event  # the epoch so far: what a checkpoint per epoch redoes
-    never_killed = train_in_gloo(small(storage, "cadence-never-killed", epochs=1))
-    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(never_killed))
 
 
 def test_a_run_ended_mid_epoch_by_max_steps_hashes_rank_0s_batchnorm_statistics_on_every_rank(storage):

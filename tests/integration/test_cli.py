@@ -30,7 +30,13 @@ def start_default_job(home):
 
 def test_train_with_no_flags_runs_the_default_toy_job(default_job):
     started, tmp_path = default_job
-    started.wait(timeout=300)
+    try:
+        started.wait(timeout=300)
+    except subprocess.TimeoutExpired:  # say where it stood: its own lines, its run's status
+        status = sorted(tmp_path.glob("ray_ddp_runs/*/status.json"))
+        pytest.fail("the default job did not end in 300 s; its stdout ends:\n" + (tmp_path / "stdout").read_text()[-2000:]
+                    + "\nits stderr ends:\n" + (tmp_path / "stderr").read_text()[-4000:]
+                    + "".join(f"\n{path}: {path.read_text()[:1000]}" for path in status))
     proc = subprocess.CompletedProcess(started.args, started.returncode, (tmp_path / "stdout").read_text(),
                                        (tmp_path / "stderr").read_text())
     assert proc.returncode == 0, proc.stderr

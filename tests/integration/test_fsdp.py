@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, STATE_FILE
+from ray_ddp.checkpoint.names import checkpoint_step
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.cli.main import main
 from ray_ddp.models.builtin import GPT
@@ -61,10 +62,12 @@ def plain_gpt():
 @pytest.fixture(scope="module")
 def fsdp_runs(ray_local, storage, text):
     """The uninterrupted FSDP run (gloo harness), and one on Ray whose rank 1 is SIGKILLed in
-    epoch 2 (restarted from the latest sharded checkpoint, --max-failures 1), side by side
-    (2 workers each)."""
+    epoch 2 (--max-failures 1), side by side (2 workers each). The killed run also
+    checkpoints every 4 steps: Ray Train restarts it from step 8's, mid-epoch, where a
+    checkpoint per epoch would redo epoch 2 from step 6."""
     runs = {"gpt": run_in_thread(None, lambda: train_in_gloo(config(storage, "fsdp-gpt", text))),
-            "gpt-killed": run_in_thread(config(storage, "fsdp-gpt-killed", text, max_failures=1))}
+            "gpt-killed": run_in_thread(config(storage, "fsdp-gpt-killed", text, max_failures=1,
+                                               checkpoint_every_steps=4, keep=8))}
     name = "fsdp-gpt-killed"
     pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name, "1.pid")
     # past epoch 2's first window: its first checkpoint (epoch 1) is written
@@ -81,6 +84,12 @@ def test_a_killed_worker_resumes_from_the_shards_bit_identical(fsdp_runs):
     pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", "fsdp-gpt-killed", "1.pid")
     assert int(open(pid_file).read()) != killed_pid, "rank 1 is a new process"
     assert summary.epochs_completed == 4
+    [event] = summary.events
+    assert (event["type"], event["rank"], event["restarted"]) == ("failure", 1, True), event
+    # killed once the controller had step 9's rows, so it had taken step 8's checkpoint
+    # (reported before them): a step checkpoint, not epoch 1's at step 6
+    assert checkpoint_step(event["from_checkpoint"]) >= 8, event
+    assert event["steps_lost"] == event["step"] - checkpoint_step(event["from_checkpoint"]), event
     rows, ref_rows = rows_of(summary), rows_of(reference)
     assert {r["loaded_hash"] for r in rows if r.get("loaded_hash") is not None}, "a checkpoint was loaded"
     assert len(set(final_hashes(ref_rows).values())) == 1, "one model, however sharded"

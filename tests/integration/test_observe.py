@@ -110,7 +110,7 @@ def test_operators_see_the_run_in_rays_prometheus_and_in_wandb(full_story, stora
     assert {v for n, l, v in series if n == "ray_ddp_world_size" and l.get("run") == "full"} == {2.0}
 
     run_id = json.loads((storage / "full" / "status.json").read_text())["run_id"]
-    logged = read_offline_run(str(storage / "full"), run_id)
+    logged = read_offline_run(str(storage / "full"), run_id, timeout_s=30)  # every session finished
     windows = [row for row in logged.history if "loss" in row]
     assert [row["_step"] for row in windows] == [5, 10, 15, 20, 25, 30]
     assert [row["_step"] for row in windows if "val_loss" in row] == [10, 20, 30]

@@ -59,7 +59,7 @@ def test_each_step_is_logged_once_through_a_restart_and_a_resume(tmp_path):
     second_command.finish({"final_loss": 3.0, "steps": 25}, [failure], "FINISHED", None)
     assert second_command.failed == []
 
-    logged = read_offline_run(str(tmp_path / "r"), "abc123")
+    logged = read_offline_run(str(tmp_path / "r"), "abc123", timeout_s=30)  # every session finished
     windows = [row for row in logged.history if "loss" in row]
     assert [(row["_step"], row["loss"]) for row in windows] == [(5, 1.0), (10, 1.0), (15, 1.0), (20, 2.0), (25, 3.0)]
     assert windows[0]["rank_1/step_time_s"] == pytest.approx(0.2) and windows[0]["world_size"] == 2
