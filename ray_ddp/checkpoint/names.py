@@ -29,10 +29,11 @@ RESUME_KEYS = ("model", "task", "input_dim", "output_dim", "width", "depth", "he
 
 
 # Every file a checkpoint folder may hold besides meta.json: the two writers' files and
-# DCP's shards (rank r's __r_<i>.distcp, the coordinator's .metadata). A manifest is read
+# DCP's shards (rank r's __r_<i>.distcp, the coordinator's .metadata), and in a sharded
+# run's in-memory snapshot, rank r's shards (rank-<r>.pt). A manifest is read
 # from storage, which others may write: a name outside this list (../../x, /etc/x, a
 # name with a separator) makes the checkpoint unusable before any byte is read or written.
-CHECKPOINT_FILES = re.compile(r"model\.pt|train_state\.pt|hf_config\.json|\.metadata|__\d+_\d+\.distcp")
+CHECKPOINT_FILES = re.compile(r"model\.pt|train_state\.pt|hf_config\.json|\.metadata|__\d+_\d+\.distcp|rank-\d+\.pt")
 
 
 def unexpected_file(names) -> Optional[str]:

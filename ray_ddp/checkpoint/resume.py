@@ -15,8 +15,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ray_ddp.checkpoint.agree import collective_device, reduced, usable_on_every_rank
 from ray_ddp.checkpoint.format import TrainState
 from ray_ddp.checkpoint.names import checkpoint_dir_name, checkpoint_step
+from ray_ddp.checkpoint.shard_snapshots import load_shard_snapshot
 from ray_ddp.checkpoint.sharded import is_sharded_checkpoint
 from ray_ddp.checkpoint.snapshots import fetch_snapshot, newest_snapshot, node_folder
 from ray_ddp.checkpoint.verify import verify_checkpoint
@@ -80,23 +82,28 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
 def _load_snapshot(folder: str, stored_step: int, strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
                    stateful: dict, node_id: Optional[str]) -> Optional[TrainState]:
     """The newest snapshot of the run on any rank's node, loaded on every rank, where it is
-    newer than ``stored_step`` (the newest checkpoint in storage a rank could resume
-    from); else None. A rank whose node lacks it gets it from the lowest rank whose node
+    at least as new as ``stored_step`` (the newest checkpoint in storage a rank could
+    resume from); else None. A rank whose node lacks it gets it from the lowest rank whose node
     holds it; where any rank's copy is not whole, every rank goes on to run storage."""
-    if not dist.is_initialized() or strategy.checkpoint_format != "whole":
+    if not dist.is_initialized():
         return None
+    if strategy.checkpoint_format == "sharded":  # each rank's shards, on the nodes of their ranks
+        state = load_shard_snapshot(folder, stored_step, model, optimizer, stateful, node_id)
+        if state is not None:
+            state.loaded_from = checkpoint_dir_name(state.step)
+        return state
     rank, world = dist.get_rank(), dist.get_world_size()
     found = newest_snapshot(folder, world)
-    newest = int(_reduced(found.step if found else 0, dist.ReduceOp.MAX))
-    if newest <= stored_step:
+    newest = int(reduced(found.step if found else 0, dist.ReduceOp.MAX))
+    if newest == 0 or newest < stored_step:  # at the same step, memory: read in a moment, never from storage
         return None
     holds = found is not None and found.step == newest
     path, source_node = (found.folder if holds else None), node_id
     fetched = os.path.join(folder, f"fetched-r{rank}")
     try:
         if not usable_on_every_rank(holds):  # a node lacks it: sent from the lowest rank's that holds it
-            holder = int(_reduced(rank if holds else world, dist.ReduceOp.MIN))
-            path, source_node = fetch_snapshot(path, holder, fetched, node_id, _collective_device())
+            holder = int(reduced(rank if holds else world, dist.ReduceOp.MIN))
+            path, source_node = fetch_snapshot(path, holder, fetched, node_id, collective_device())
         if not usable_on_every_rank(path is not None):
             if rank == 0:
                 print(f"the snapshot of step {newest} could not be sent whole to every rank: resuming from "
@@ -109,13 +116,6 @@ def _load_snapshot(folder: str, stored_step: int, strategy, model: nn.Module, op
     return state
 
 
-def _reduced(value: float, op) -> float:
-    """``value`` reduced over every rank by ``op`` (one all-reduce)."""
-    tensor = torch.tensor([float(value)], device=_collective_device())
-    dist.all_reduce(tensor, op=op)
-    return tensor.item()
-
-
 def _problem_of(directory: str, strategy) -> Optional[str]:
     """What keeps this rank from loading the local checkpoint folder; None if nothing."""
     sharded = strategy.checkpoint_format == "sharded"
@@ -123,16 +123,6 @@ def _problem_of(directory: str, strategy) -> Optional[str]:
     if problem is None and is_sharded_checkpoint(directory) != sharded:  # (the driver refuses it first)
         problem = f"not a checkpoint of --strategy {strategy.name}"
     return problem
-
-
-def usable_on_every_rank(usable: bool) -> bool:
-    """Whether every rank of the process group says ``usable`` (one all-reduce; just
-    ``usable`` outside a group)."""
-    if not dist.is_initialized():
-        return usable
-    flag = torch.tensor([1.0 if usable else 0.0], device=_collective_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
 
 
 def check_ranks_resumed_alike(step: int, weights_hash: Callable[[], int]) -> Optional[int]:
@@ -153,7 +143,7 @@ def check_ranks_resumed_alike(step: int, weights_hash: Callable[[], int]) -> Opt
 
 def _same_on_every_rank(value: int, what: str) -> None:
     """One all-reduce of ``value`` and its negation (a 48-bit hash is exact in a float64)."""
-    spread = torch.tensor([float(value), -float(value)], dtype=torch.float64, device=_collective_device())
+    spread = torch.tensor([float(value), -float(value)], dtype=torch.float64, device=collective_device())
     dist.all_reduce(spread, op=dist.ReduceOp.MAX)
     most, least = spread[0].item(), -spread[1].item()
     if most != least:
@@ -161,13 +151,6 @@ def _same_on_every_rank(value: int, what: str) -> None:
         raise CheckpointError(
             f"the ranks resumed from different {what}{shown}: a rank loaded another checkpoint than the "
             "others; run the same command again to resume from the newest whole one")
-
-
-def _collective_device() -> torch.device:
-    """Where a tensor for the group's backend lives (NCCL: this rank's GPU)."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _dir_name(path: str) -> str:

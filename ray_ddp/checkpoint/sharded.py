@@ -26,10 +26,6 @@ from ray_ddp.checkpoint.load import load_tensors
 from ray_ddp.checkpoint.safe_load import DCP_METADATA, NON_TENSORS, weights_only_dcp
 
 
-
-
-
-
 def is_sharded_checkpoint(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, DCP_METADATA))
 
@@ -139,17 +135,26 @@ def load_sharded_checkpoint(directory: str, model: nn.Module, optimizer: torch.o
                             stateful: Optional[dict[str, Any]] = None) -> TrainState:
     """Load a sharded checkpoint into the sharded model and its optimizer (every rank
     reads the parts of the shards it now holds, whatever the world size that wrote them)."""
+    saved = load_tensors(os.path.join(directory, STATE_FILE))
+    return apply_sharded_state(model, optimizer, stateful, saved, lambda tensors: load_shards(directory, tensors))
+
+
+def apply_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, stateful: Optional[dict[str, Any]],
+                        saved: dict[str, Any], fill: Callable[[dict[str, Any]], None]) -> TrainState:
+    """Load a sharded state into the sharded model and its optimizer: ``fill`` puts the
+    tensors in place (DCP's read of a checkpoint, or a snapshot's local shards), ``saved``
+    (train_state.pt) gives the rest: the optimizer's non-tensor entries, the schedule and
+    scaler, the position."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    saved = load_tensors(os.path.join(directory, STATE_FILE))
     full = {"model": model_state, "optim": optim_state}
     if NON_TENSORS in saved:
-        tensors, _ = split_tensors(full)  # DCP loads into these tensors in place
-        load_shards(directory, tensors)
+        tensors, _ = split_tensors(full)  # filled in place
+        fill(tensors)
         loaded = merge_into(tensors, saved[NON_TENSORS])
     else:  # the earlier format: the non-tensor entries are in the shards, read weights_only
-        load_shards(directory, full)
+        fill(full)
         loaded = full
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     for name, obj in (stateful or {}).items():

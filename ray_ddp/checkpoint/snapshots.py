@@ -16,6 +16,9 @@ A node that lacks the newest snapshot a restarted group resumes from gets it fro
 lowest rank whose node holds it (``fetch_snapshot``: the files broadcast over the process
 group, in chunks: the group's own links, NCCL's on GPUs, never run storage).
 
+A sharded run (FSDP, HSDP) keeps each rank's own shards in the same slots:
+checkpoint/shard_snapshots.py.
+
 A third slot, ``survivor``, holds a survivor's save (worker/snapshotting.py): the state a
 rank held when a peer was lost, written by the first rank of the node that claims it.
 """
@@ -84,15 +87,16 @@ def newest_snapshot(folder: str, world_size: int) -> Optional[FoundSnapshot]:
     found = []
     for slot in (*SLOTS, SURVIVOR_SLOT):
         path = os.path.join(folder, slot)
-        meta = _read_meta(path)
-        if meta is None or meta.get("world_size") != world_size or not isinstance(meta.get("step"), int):
+        meta = read_meta(path)
+        if meta is None or meta.get("world_size") != world_size or not isinstance(meta.get("step"), int) \
+                or meta.get("format") == "sharded":  # a sharded run's: checkpoint/shard_snapshots.py
             continue
         if verify_checkpoint(path) is None:
             found.append(FoundSnapshot(path, int(meta["step"])))
     return max(found, key=lambda f: f.step, default=None)
 
 
-def _read_meta(slot: str) -> Optional[dict]:
+def read_meta(slot: str) -> Optional[dict]:
     """A slot's meta.json; None when it is missing or torn."""
     try:
         with open(os.path.join(slot, META_FILE)) as f:
@@ -120,23 +124,31 @@ def fetch_snapshot(found: Optional[str], holder: int, into: str, node_id: Option
         shutil.rmtree(into, ignore_errors=True)
         os.makedirs(into)
     for name, size in header[0]["files"].items():
-        source = open(os.path.join(found, name), "rb") if rank == holder else None
-        target = open(os.path.join(into, name), "wb") if receives else None
-        try:
-            for offset in range(0, size, FETCH_CHUNK):
-                chunk = torch.empty(min(FETCH_CHUNK, size - offset), dtype=torch.uint8, device=device)
-                if source is not None:
-                    chunk.copy_(torch.frombuffer(bytearray(source.read(chunk.numel())), dtype=torch.uint8))
-                dist.broadcast(chunk, src=holder)
-                if target is not None:
-                    target.write(chunk.cpu().numpy().tobytes())
-        finally:
-            for f in (source, target):
-                if f is not None:
-                    f.close()
+        broadcast_file(os.path.join(found, name) if rank == holder else None, size, holder,
+                       os.path.join(into, name) if receives else None, device)
     if not receives:
         return found, header[0]["node"]
     return (into if verify_checkpoint(into) is None else None), header[0]["node"]
+
+
+def broadcast_file(source: Optional[str], size: int, holder: int, target: Optional[str],
+                   device: torch.device) -> None:
+    """The file ``source`` on rank ``holder`` (``size`` bytes), written to ``target`` on the
+    ranks that give one (a collective: every rank calls it), FETCH_CHUNK bytes a broadcast."""
+    reader = open(source, "rb") if source is not None else None
+    writer = open(target, "wb") if target is not None else None
+    try:
+        for offset in range(0, size, FETCH_CHUNK):
+            chunk = torch.empty(min(FETCH_CHUNK, size - offset), dtype=torch.uint8, device=device)
+            if reader is not None:
+                chunk.copy_(torch.frombuffer(bytearray(reader.read(chunk.numel())), dtype=torch.uint8))
+            dist.broadcast(chunk, src=holder)
+            if writer is not None:
+                writer.write(chunk.cpu().numpy().tobytes())
+    finally:
+        for f in (reader, writer):
+            if f is not None:
+                f.close()
 
 
 def drop_node_snapshots(storage: str, name: str) -> None:
@@ -175,6 +187,8 @@ def _write_slot(slot: str, snapshot, rows: Optional[list] = None) -> None:
 class NodeSnapshots:
     """One node's snapshots, as a rank sees them: when they are due, and, on the rank that
     ``writes`` them, the writing: the older slot each time, meta.json last."""
+
+    survivors = True  # a rank holds the whole state: a survivor's save restarts the group
 
     def __init__(self, folder: str, every: Optional[int], writes: bool = True):
         self.folder, self.every = folder, every  # None: when the window's end agrees (by cost)
@@ -221,7 +235,7 @@ class NodeSnapshots:
     def _older_slot(self) -> int:
         """The slot without a whole snapshot, else the one with the older step: a restarted
         worker never overwrites the newest a dead one left."""
-        steps = [(_read_meta(os.path.join(self.folder, slot)) or {}).get("step", -1) for slot in SLOTS]
+        steps = [(read_meta(os.path.join(self.folder, slot)) or {}).get("step", -1) for slot in SLOTS]
         return 0 if steps[0] <= steps[1] else 1
 
     def _check_room(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -222,9 +222,10 @@ class TrainConfig:
         "every rank together", default=None)
     snapshot_every_steps: Optional[int] = _opt(
         "copy the training state into the node's shared memory every this many global steps (one copy "
-        "per node; two kept), where it outlives the workers; a rank whose peer dies also saves the state "
-        "of the last whole step there (DDP): a restarted worker group resumes from the newest on any "
-        "node, sent over the group to nodes without it, and redoes at most the step under way; 0: off, "
+        "per node under DDP, each rank's own shards under fsdp/hsdp; two kept), where it outlives the "
+        "workers; a rank whose peer dies also saves the state of the last whole step there (DDP): a "
+        "restarted worker group resumes from the newest on any node, sent over the group to nodes without "
+        "it, and redoes at most the step under way (DDP) or the steps since the snapshot; 0: off, "
         "survivors' saves too; default: at metrics windows' ends, as often as keeps their cost within 1 "
         "percent of the training time (rank 0 times each one)", default=None)
     report_every: int = _opt("steps per metrics row: each rank's loss and timing are summed over this "

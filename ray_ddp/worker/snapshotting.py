@@ -1,6 +1,7 @@
-"""What a worker keeps in its node's memory (checkpoint/snapshots.py): the snapshot taken
-every --snapshot-every-steps steps (by default as often as its cost allows), and a
-survivor's save when a peer is lost. Runs on workers.
+"""What a worker keeps in its node's memory (checkpoint/snapshots.py; a sharded run's
+shards: checkpoint/shard_snapshots.py): the snapshot taken every --snapshot-every-steps
+steps (by default as often as its cost allows), and under DDP a survivor's save when a
+peer is lost. Runs on workers.
 
 A survivor's save: when a collective fails because a peer died (gloo says so at once on
 the ranks that talk to it; NCCL only where it raises instead of aborting the process),
@@ -25,6 +26,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ray_ddp.checkpoint.shard_snapshots import NodeShardSnapshots
 from ray_ddp.checkpoint.snapshots import NodeSnapshots, node_folder
 
 # what gloo and NCCL say when the peer at the other end of a collective is gone
@@ -33,18 +35,15 @@ PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 
 
 def node_snapshots(cfg, strategy, session, scope: str) -> Optional[NodeSnapshots]:
-    """--snapshot-every-steps' writer (``writes`` on the lowest rank of each node: DDP's
-    replicas are alike), None when they are off. FSDP's shards are not snapshotted: its
-    runs restart from their checkpoints in storage (said once, by rank 0)."""
+    """--snapshot-every-steps' writer, None when they are off: under DDP the lowest rank
+    of each node ``writes`` (the replicas are alike); under a sharded strategy every rank
+    writes its own shards (checkpoint/shard_snapshots.py)."""
     if cfg.snapshot_every_steps == 0:
         return None
-    if strategy.checkpoint_format != "whole":
-        if session.rank == 0 and cfg.snapshot_every_steps is not None:  # asked for: said
-            print(f"--snapshot-every-steps: no in-memory snapshots under --strategy {strategy.name}; "
-                  "restarts resume from the checkpoints in storage", flush=True)
-        return None
-    return NodeSnapshots(node_folder(cfg.storage, cfg.name, scope), cfg.snapshot_every_steps,
-                         writes=session.local_rank == 0)
+    folder = node_folder(cfg.storage, cfg.name, scope)
+    if strategy.checkpoint_format == "sharded":
+        return NodeShardSnapshots(folder, cfg.snapshot_every_steps, session.node_id, lowest=session.local_rank == 0)
+    return NodeSnapshots(folder, cfg.snapshot_every_steps, writes=session.local_rank == 0)
 
 
 def peer_lost(err: BaseException) -> bool:
@@ -70,13 +69,14 @@ class Snapshotter:
         self.snapshots, self.parts, self.state, self.run_record = snapshots, parts, state, run_record
         self.rank, self.world_size, self.reporter = rank, world_size, reporter
         self.held: Optional[int] = None  # the step whose whole state this rank holds; None: changing
-        self._buffer_names = persistent_buffers(parts.model) if snapshots is not None else []  # once
+        self.survives = snapshots is not None and snapshots.survivors  # whole states (DDP), not shards
+        self._buffer_names = persistent_buffers(parts.model) if self.survives else []  # once
         self._buffers: dict[str, torch.Tensor] = {}
 
     def mark_whole(self) -> None:
         """The state after ``state.step`` is whole: a step starts from it. Its persistent
         buffers are copied (the step's forward changes BatchNorm's in place)."""
-        if self.snapshots is None:
+        if not self.survives:
             return
         self.held = self.state.step
         model = self.parts.model
@@ -103,7 +103,8 @@ class Snapshotter:
                                  dataclasses.replace(self.state, rng=[]), self.run_record, self.rank,
                                  self.world_size, self.reporter.group_unsent)
             if self.snapshots.off_because is not None:
-                print(self.snapshots.off_because, flush=True)
+                if self.snapshots.off_because:  # (a sharded run's: said by rank 0 alone)
+                    print(self.snapshots.off_because, flush=True)
                 self.snapshots.writes = False
         self.reporter.note_snapshot(started)
 
@@ -111,7 +112,7 @@ class Snapshotter:
         """Where ``err`` says a peer was lost and this rank holds a whole state: that state
         into the node's survivor slot (one rank per node), said in one line. Never raises:
         the error that ends the worker is ``err``."""
-        if self.snapshots is None or self.held is None or self.held != self.state.step or not peer_lost(err):
+        if not self.survives or self.held is None or self.held != self.state.step or not peer_lost(err):
             return
         model, state = self.parts.model, self.state
         try:

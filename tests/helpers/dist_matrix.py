@@ -336,3 +336,69 @@ def snapshot_cadence_by_cost(rank: int, world: int) -> list:
     reporter.last_snapshot -= reporter.snapshot_s / SNAPSHOT_SHARE  # as long after it as it may cost
     seen.append(reporter.agree(False, False).snapshot)
     return seen
+
+
+def resume_from_shard_snapshots(rank: int, world: int, root: str) -> dict:
+    """A GPT sharded over the group takes 3 AdamW steps, each rank on rows of its own,
+    snapshotted after steps 2 and 3 into two layouts of nodes (``RAY_DDP_SNAPSHOT_DIR``:
+    the node's memory): one node for both ranks, and a node per rank. A fresh model then
+    resumes from them as a restarted group does, in turn: on one node; each rank on its
+    own node; each on the other's (its shards sent over the group); with the step-3 slot
+    of rank 1's node cut short; with rank 1's node lost. What each resume loaded (step,
+    the node its shards came from, the weights' hash, AdamW's step count), and the
+    weights' hash after each step."""
+    import os
+    import shutil
+
+    import torch.distributed as dist
+
+    from ray_ddp.checkpoint.format import TrainState
+    from ray_ddp.checkpoint.names import META_FILE
+    from ray_ddp.checkpoint.resume import load_checkpoint_to_resume
+    from ray_ddp.checkpoint.shard_snapshots import NodeShardSnapshots
+    from ray_ddp.checkpoint.snapshots import node_folder, read_meta
+    from ray_ddp.checkpoint.verify import weights_hash
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.parallel.build import build_strategy
+
+    cfg = TrainConfig(strategy="fsdp", model="gpt", storage=root, name="r")
+
+    def folder_on(node: str) -> str:
+        os.environ["RAY_DDP_SNAPSHOT_DIR"] = os.path.join(root, node)
+        return node_folder(root, "r")
+
+    model, optimizer = _sharded_gpt(seed=0)
+    writers = [NodeShardSnapshots(folder_on("one"), 1, "one", lowest=rank == 0),
+               NodeShardSnapshots(folder_on(f"node{rank}"), 1, f"node{rank}", lowest=True)]
+    ids = torch.randint(0, 16, (4, 4), generator=torch.Generator().manual_seed(rank))
+    hashes = {}
+    for step in (1, 2, 3):
+        optimizer.zero_grad()
+        model(ids).float().pow(2).mean().backward()
+        optimizer.step()
+        hashes[step] = weights_hash(model)
+        if step >= 2:
+            for writer in writers:
+                writer.write(model, optimizer, {}, TrainState(step=step, epoch_step=step), {}, rank, world)
+
+    def resume(node: str) -> tuple:
+        folder_on(node)
+        fresh, fresh_optimizer = _sharded_gpt(seed=1)
+        state = load_checkpoint_to_resume(cfg, None, None, None, build_strategy(cfg), fresh, fresh_optimizer, {},
+                                          node_id=node)
+        steps = fresh_optimizer.state_dict()["state"]
+        return state.step, state.loaded_from_node, weights_hash(fresh), int(steps[0]["step"]) if steps else 0
+
+    got = {"one node": resume("one"), "own node": resume(f"node{rank}"), "swapped": resume(f"node{1 - rank}")}
+    if rank == 1:  # the newest slot of rank 1's node loses its meta.json: cut short
+        newest = next(path for path in (os.path.join(writers[1].folder, slot) for slot in ("slot-a", "slot-b"))
+                      if (read_meta(path) or {}).get("step") == 3)
+        os.remove(os.path.join(newest, META_FILE))
+    dist.barrier()
+    got["cut short"] = resume(f"node{rank}")
+    dist.barrier()
+    if rank == 1:  # rank 1's node is lost; it restarts on a new one
+        shutil.rmtree(os.path.join(root, "node1"))
+    dist.barrier()
+    got["node lost"] = resume(f"node{rank}" if rank == 0 else "node2")
+    return {"hashes": hashes, **got}

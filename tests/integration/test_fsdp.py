@@ -62,12 +62,13 @@ def plain_gpt():
 @pytest.fixture(scope="module")
 def fsdp_runs(ray_local, storage, text):
     """The uninterrupted FSDP run (gloo harness), and one on Ray whose rank 1 is SIGKILLed in
-    epoch 2 (--max-failures 1), side by side (2 workers each). The killed run also
-    checkpoints every 4 steps: Ray Train restarts it from step 8's, mid-epoch, where a
-    checkpoint per epoch would redo epoch 2 from step 6."""
+    epoch 2 (--max-failures 1), side by side (2 workers each). The killed run checkpoints
+    every 4 steps into storage and snapshots its shards into the node's memory every step:
+    Ray Train restarts it from the snapshot of the last step done, where a checkpoint per
+    epoch would redo epoch 2 from step 6."""
     runs = {"gpt": run_in_thread(None, lambda: train_in_gloo(config(storage, "fsdp-gpt", text))),
             "gpt-killed": run_in_thread(config(storage, "fsdp-gpt-killed", text, max_failures=1,
-                                               checkpoint_every_steps=4, keep=8))}
+                                               checkpoint_every_steps=4, keep=8, snapshot_every_steps=1))}
     name = "fsdp-gpt-killed"
     pid_file = os.path.join(tempfile.gettempdir(), "ray_ddp_test_pids", name, "1.pid")
     # past epoch 2's first window: its first checkpoint (epoch 1) is written
@@ -86,10 +87,10 @@ def test_a_killed_worker_resumes_from_the_shards_bit_identical(fsdp_runs):
     assert summary.epochs_completed == 4
     [event] = summary.events
     assert (event["type"], event["rank"], event["restarted"]) == ("failure", 1, True), event
-    # killed once the controller had step 9's rows, so it had taken step 8's checkpoint
-    # (reported before them): a step checkpoint, not epoch 1's at step 6
-    assert checkpoint_step(event["from_checkpoint"]) >= 8, event
-    assert event["steps_lost"] == event["step"] - checkpoint_step(event["from_checkpoint"]), event
+    # killed once the controller had step 9's rows: restarted from the shards its node held
+    # of the last step done (at least step 9's), not from storage (step 8's)
+    assert checkpoint_step(event["from_checkpoint"]) >= 9 and event["from_node"] is not None, event
+    assert event["steps_lost"] <= 1, event
     rows, ref_rows = rows_of(summary), rows_of(reference)
     assert {r["loaded_hash"] for r in rows if r.get("loaded_hash") is not None}, "a checkpoint was loaded"
     assert len(set(final_hashes(ref_rows).values())) == 1, "one model, however sharded"
@@ -137,6 +138,31 @@ def test_an_hsdp_checkpoint_of_2_replicas_x_2_shards_loads_under_fsdp_and_hsdp()
         assert len(set(wrote)) == 1, "one model, however sharded and replicated"
         assert run_on_ranks(3, load_a_sharded_checkpoint, folder, "fsdp") == [(wrote[0], 2)] * 3
         assert run_on_ranks(4, load_a_sharded_checkpoint, folder, "hsdp") == [(wrote[0], 2)] * 4
+
+
+def test_a_restarted_group_resumes_from_the_shards_its_nodes_hold_in_memory(tmp_path):
+    """Sharded in-memory snapshots (every rank's own shards, on its node): a restarted
+    group loads the newest step whose shards the nodes hold between them, a rank whose
+    node lacks its own getting them over the group; the exact weights and AdamW state of
+    that step. A slot cut short is passed over for the one before it; a node lost with its
+    ranks' shards sends the group to run storage (here none: a fresh start)."""
+    from dist_matrix import resume_from_shard_snapshots, run_on_ranks
+
+    got = run_on_ranks(2, resume_from_shard_snapshots, str(tmp_path))
+    hashes = got[0]["hashes"]
+    assert got[1]["hashes"] == hashes and len(set(hashes.values())) == 3
+    assert [g["one node"] for g in got] == [(3, "one", hashes[3], 3)] * 2
+    assert [g["own node"] for g in got] == [(3, "node0", hashes[3], 3), (3, "node1", hashes[3], 3)]
+    # each on the other's node: its own shards came from the node that wrote them
+    assert [g["swapped"] for g in got] == [(3, "node0", hashes[3], 3), (3, "node1", hashes[3], 3)]
+    assert [g["cut short"][:2] for g in got] == [(2, "node0"), (2, "node1")]
+    assert {g["cut short"][2:] for g in got} == {(hashes[2], 2)}
+    assert [g["node lost"][:2] for g in got] == [(0, None), (0, None)]
+    assert not list(tmp_path.rglob("fetched-*"))
+    # a slot's files are plain PyTorch files
+    slot = next(p for p in tmp_path.glob("one/ray_ddp-snapshots/*/fit/slot-*") if (p / "meta.json").exists())
+    assert sorted(p.name for p in slot.iterdir()) == ["meta.json", "rank-0.pt", "rank-1.pt", "train_state.pt"]
+    assert set(torch.load(slot / "rank-1.pt", weights_only=True)) == {"model", "optim"}
 
 
 def test_export_consolidates_the_shards_into_a_plain_model_pt(fsdp_runs, storage, tmp_path, capsys):
