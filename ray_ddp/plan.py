@@ -109,7 +109,7 @@ class WorkerPlan:
     started_from: Optional[str] = None
     init_strict: bool = True
     hang_watch: Any = None  # the driver's HangWatch actor (--hang-timeout), or None: off
-    ray_data: Any = None  # a RayDataConfig when a set is read through Ray Data (data/ray_data.py)
+    ray_data: Any = None  # a RayDataTables when a set is read through Ray Data (data/ray_data.py)
     # this fit's in-memory snapshots' own folder on each node (checkpoint/snapshots.py): new at each fit
     snapshot_scope: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 

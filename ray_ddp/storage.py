@@ -32,7 +32,7 @@ from ray_ddp.record.folder import RunFolder
 
 
 @dataclass(frozen=True)
-class StorageConfig:
+class Storage:
     """A resolved ``--storage``: what Ray gets, and the filesystem + path ray_ddp uses."""
 
     uri: str  # given to RunConfig(storage_path=...): an absolute path or a URI
@@ -65,19 +65,19 @@ class StorageConfig:
         return self.run_path(name)
 
 
-def resolve_storage(storage: str) -> StorageConfig:
+def resolve_storage(storage: str) -> Storage:
     """Turn ``--storage`` into a filesystem; local paths become absolute."""
     if "://" in storage:
         try:
             fs, path = pafs.FileSystem.from_uri(storage)
         except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as err:
             raise ConfigError(f"--storage {storage}: {err}; use a local path or s3://, gs://, file://") from None
-        return StorageConfig(uri=storage, fs=fs, path=path.rstrip("/") or "/")
+        return Storage(uri=storage, fs=fs, path=path.rstrip("/") or "/")
     path = os.path.abspath(os.path.expanduser(storage))
-    return StorageConfig(uri=path, fs=pafs.LocalFileSystem(), path=path)
+    return Storage(uri=path, fs=pafs.LocalFileSystem(), path=path)
 
 
-def check_writable(storage: StorageConfig) -> None:
+def check_writable(storage: Storage) -> None:
     """Create the storage folder if needed and prove we can write there, leaving nothing."""
     probe = f"{storage.path}/.ray_ddp_probe-{uuid.uuid4().hex}"
     try:

@@ -28,7 +28,7 @@ from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import read_model_state
 from ray_ddp.checkpoint import hf_export
 from ray_ddp.models.lora import apply_lora
-from ray_ddp.storage import StorageConfig, local_copy, read_json, resolve_storage
+from ray_ddp.storage import Storage, local_copy, read_json, resolve_storage
 
 
 @dataclass
@@ -114,7 +114,7 @@ def _check_export_options(format: str, out: Optional[str], merge: bool, max_shar
                           "pass it with --format hf (--format torch writes base and adapters as the run holds them)")
 
 
-def _pick_checkpoint(store: StorageConfig, run_path: str, run: str, storage: str,
+def _pick_checkpoint(store: Storage, run_path: str, run: str, storage: str,
                      step: Optional[int]) -> tuple[str, dict]:
     """The step folder to export and its header: the newest whole one, or ``step``'s,
     verified (its CRCs too); a run or step with none is the user's mistake, in one line."""
@@ -155,7 +155,7 @@ def _torch_target(run: str, dir_name: str, out: Optional[str]) -> str:
     return target
 
 
-def _read_model(store: StorageConfig, checkpoint: str, files: list[str], sharded: bool, format: str,
+def _read_model(store: Storage, checkpoint: str, files: list[str], sharded: bool, format: str,
                 what: str) -> tuple[dict[str, torch.Tensor], Optional[dict]]:
     """The checkpoint's whole model state (consolidated from FSDP shards, or model.pt) and,
     for --format hf, the model's config.json fields (else None)."""

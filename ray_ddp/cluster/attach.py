@@ -17,7 +17,7 @@ from ray_ddp.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class ClusterConfig:
+class FoundCluster:
     """What ``attach_ray`` found: GPUs per alive node, and the CPUs of a Ray we started
     (None when the Ray was already there)."""
 
@@ -27,7 +27,7 @@ class ClusterConfig:
 
 @contextmanager
 def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0,
-               idle_workers: bool = True) -> Iterator[ClusterConfig]:
+               idle_workers: bool = True) -> Iterator[FoundCluster]:
     """Attach to Ray (``address``, RAY_ADDRESS, or an already initialized Ray) or start a
     private local one; disconnect (or stop) only what this call connected (or started).
     An explicit ``address`` other than the one a Ray already initialized in this process
@@ -74,7 +74,7 @@ def attach_ray(address: Optional[str], verbose: bool, local_cpus: int = 0,
         if address == "local":
             own_cpus = int(ray.cluster_resources().get("CPU", 0)) or None
     try:
-        yield ClusterConfig([int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")],
+        yield FoundCluster([int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")],
                             own_cpus)
     finally:
         if started_here:

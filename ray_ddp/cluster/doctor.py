@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ray_ddp.cluster.placement import PlacementConfig, plan_placement
+from ray_ddp.cluster.placement import Placement, plan_placement
 from ray_ddp.cluster.preflight import count_slots, describe_have, describe_need
 from ray_ddp.worker.probes import Probe
 
@@ -166,7 +166,7 @@ def _measure_pairs(report: DoctorReport, probes: dict[str, Any], backend: str, m
                                  **({"error": _one_line(failed)} if failed else {})})
 
 
-def _measure_group(report: DoctorReport, placement: PlacementConfig, mb: int, rounds: int) -> None:
+def _measure_group(report: DoctorReport, placement: Placement, mb: int, rounds: int) -> None:
     """An all-reduce over ``placement.workers`` ranks placed as Ray Train places a run's
     (one bundle each, packed), and how late each rank comes to it."""
     import ray

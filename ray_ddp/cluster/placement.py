@@ -16,7 +16,7 @@ CPUS_PER_WORKER = 1
 
 
 @dataclass(frozen=True)
-class PlacementConfig:
+class Placement:
     """What the job asks Ray for: ``workers`` actors, each with these resources; an
     elastic run (``min_workers`` < ``workers``) starts with as many as fit, at least
     ``min_workers``."""
@@ -65,7 +65,7 @@ def plan_placement(
     cpus_per_worker: Optional[int] = None,
     local_cpus: Optional[int] = None,
     min_workers: Optional[int] = None,
-) -> PlacementConfig:
+) -> Placement:
     """Fill in the defaults from the GPUs of each node (``node_gpus``) and check the pairs fit.
 
     - gpus_per_worker defaults to 0 on a cluster without GPUs, else to one GPU per model
@@ -110,7 +110,7 @@ def plan_placement(
         # Ray starts a 1-CPU worker with OMP_NUM_THREADS=1, so one CPU worker alone on a
         # many-core machine would use one core; a Ray of our own is ours to fill.
         cpus_per_worker = max(1, local_cpus // workers) if gpw == 0 and local_cpus else CPUS_PER_WORKER
-    return PlacementConfig(workers=workers, gpus_per_worker=gpw, cpus_per_worker=cpus_per_worker,
+    return Placement(workers=workers, gpus_per_worker=gpw, cpus_per_worker=cpus_per_worker,
                            backend=backend, min_workers=min_workers if min_workers != workers else None)
 
 

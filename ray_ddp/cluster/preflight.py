@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Optional
 from ray_ddp.errors import ConfigError
-from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.cluster.placement import Placement
 
 
 # ------------------------------------------------------------------------ preflight
@@ -18,7 +18,7 @@ _HEAD_MARKER = "node:__internal_head__"
 UNLIMITED = 1 << 30
 
 
-def slots_on(resources: dict[str, float], placement: PlacementConfig) -> int:
+def slots_on(resources: dict[str, float], placement: Placement) -> int:
     """How many workers of this placement one node with ``resources`` can hold."""
     fits = int(resources.get("CPU", 0) // placement.cpus_per_worker)
     if placement.use_gpu:
@@ -26,12 +26,12 @@ def slots_on(resources: dict[str, float], placement: PlacementConfig) -> int:
     return fits
 
 
-def count_slots(nodes: Iterable[dict[str, float]], placement: PlacementConfig) -> int:
+def count_slots(nodes: Iterable[dict[str, float]], placement: Placement) -> int:
     return sum(slots_on(res, placement) for res in nodes)
 
 
 def autoscaler_slots(head: Optional[dict[str, float]], groups: Iterable[tuple[dict[str, float], int]],
-                     placement: PlacementConfig) -> int:
+                     placement: Placement) -> int:
     """Slots of the largest cluster the autoscaler may build: the head plus every node
     type at its max count (``max_count`` -1 means unbounded)."""
     total = slots_on(head, placement) if head else 0
@@ -43,7 +43,7 @@ def autoscaler_slots(head: Optional[dict[str, float]], groups: Iterable[tuple[di
     return total
 
 
-def describe_need(placement: PlacementConfig) -> str:
+def describe_need(placement: Placement) -> str:
     if placement.use_gpu:
         return (f"needs {placement.needed} workers x {placement.gpus_per_worker} GPU = "
                 f"{placement.needed * placement.gpus_per_worker} GPU")
@@ -51,7 +51,7 @@ def describe_need(placement: PlacementConfig) -> str:
             f"{placement.needed * placement.cpus_per_worker} CPU")
 
 
-def describe_have(nodes: list[dict[str, float]], placement: PlacementConfig) -> str:
+def describe_have(nodes: list[dict[str, float]], placement: Placement) -> str:
     key = "GPU" if placement.use_gpu else "CPU"
     total = sum(r.get(key, 0) for r in nodes)
     text = f"the cluster has {total:g} {key}"
@@ -60,7 +60,7 @@ def describe_have(nodes: list[dict[str, float]], placement: PlacementConfig) -> 
     return text
 
 
-def ensure_cluster_fits(placement: PlacementConfig, wait_s: float,
+def ensure_cluster_fits(placement: Placement, wait_s: float,
                         echo: Callable[[str], None], poll_s: float = 5.0) -> None:
     """Return once the alive nodes can hold every worker; raise ConfigError if they never
     can, or if the autoscaler has not added what is needed within ``wait_s`` seconds."""
@@ -83,7 +83,7 @@ def ensure_cluster_fits(placement: PlacementConfig, wait_s: float,
     wait_for_autoscaler(placement, need, wait_s, echo, poll_s)
 
 
-def ensure_cpu_for_ray_data(placement: PlacementConfig) -> None:
+def ensure_cpu_for_ray_data(placement: Placement) -> None:
     """Raise ConfigError (one line) if Ray Data would get no CPU: Ray Train keeps the
     workers' resources from Ray Data, whose read and map tasks run beside the workers, so
     on a cluster whose CPUs the workers take all of they wait forever without a word. An
@@ -99,7 +99,7 @@ def ensure_cpu_for_ray_data(placement: PlacementConfig) -> None:
                       "lower --workers or --cpus-per-worker, or add a node")
 
 
-def wait_for_autoscaler(placement: PlacementConfig, need: str, wait_s: float,
+def wait_for_autoscaler(placement: Placement, need: str, wait_s: float,
                          echo: Callable[[str], None], poll_s: float) -> None:
     from ray.autoscaler.sdk import request_resources
 

@@ -87,7 +87,7 @@ def source_kind(cfg: TrainConfig, objects: dict[str, Any], ray_data=None) -> str
 def build_inputs(cfg: TrainConfig, cut: BatchCut, rank: int, device: torch.device,
                  objects: dict[str, Any], ray_data=None) -> tuple[Source, Optional[ValBatches]]:
     """This rank's training source for the batch plan's ``cut`` at this world size, and
-    the validation set (None without validation); ``ray_data``: a RayDataConfig, where a
+    the validation set (None without validation); ``ray_data``: a RayDataTables, where a
     set comes through Ray Data."""
     kind = source_kind(cfg, objects, ray_data)
     world = cut.world

@@ -27,7 +27,7 @@ SYNTHETIC = {"input_dim": 10, "output_dim": 5, "steps_per_epoch": 20}
 
 
 @dataclass(frozen=True)
-class DataShapeConfig:
+class DataShape:
     """What the data decides: training rows, the model's sizes, the task (and its classes
     or vocabulary), and the validation rows (0 without validation)."""
 
@@ -40,7 +40,7 @@ class DataShapeConfig:
     # the first rows as the workers batch them (inputs, targets), by the run's collate:
     # the driver's output and label checks, and whether batches hand the model labels
     example: Any = field(default=None, compare=False, repr=False)
-    # the checked columns (a TableConfig) of parquet or a Ray Dataset: what Ray Data's
+    # the checked columns (a CheckedTable) of parquet or a Ray Dataset: what Ray Data's
     # batches are converted by on the workers; and the validation set's
     table: Any = field(default=None, compare=False, repr=False)
     val_table: Any = field(default=None, compare=False, repr=False)
@@ -57,7 +57,7 @@ class DataShapeConfig:
         return self.example is not None and isinstance(self.example[0], Mapping) and "labels" in self.example[0]
 
 
-def check_row_targets(shape: Optional[DataShapeConfig], has_loss: bool) -> None:
+def check_row_targets(shape: Optional[DataShape], has_loss: bool) -> None:
     """Dict rows are trained on their ``labels`` (the model's own loss) or by a given loss."""
     if shape is not None and shape.unlabeled_keys is not None and not has_loss:
         raise ConfigError(f"the training rows have no 'labels' (keys: {', '.join(shape.unlabeled_keys)}): "
@@ -66,7 +66,7 @@ def check_row_targets(shape: Optional[DataShapeConfig], has_loss: bool) -> None:
 
 
 def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None,
-                 collate: Optional[Callable] = None) -> Optional[DataShapeConfig]:
+                 collate: Optional[Callable] = None) -> Optional[DataShape]:
     """Check the training and validation data; None for synthetic regression data.
     ``collate``: collate= (else --collate's function), which batches a Dataset's rows."""
     if collate is None and cfg.collate is not None:
@@ -78,7 +78,7 @@ def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None,
         if cfg.val_fraction:
             raise ConfigError("--val-fraction splits --data or --dataset rows; synthetic data "
                               "has none to hold out (give --val-data)")
-        shape = DataShapeConfig(0, cfg.input_dim or SYNTHETIC["input_dim"], cfg.output_dim or SYNTHETIC["output_dim"],
+        shape = DataShape(0, cfg.input_dim or SYNTHETIC["input_dim"], cfg.output_dim or SYNTHETIC["output_dim"],
                                 "regression")
         synthetic = True
     else:
@@ -91,7 +91,7 @@ def inspect_data(cfg: TrainConfig, train_data: Any = None, val_data: Any = None,
     return None if synthetic and not val_rows else shape
 
 
-def _inspect_training(cfg: TrainConfig, train_data: Any, collate: Optional[Callable]) -> Optional[DataShapeConfig]:
+def _inspect_training(cfg: TrainConfig, train_data: Any, collate: Optional[Callable]) -> Optional[DataShape]:
     if is_ray_dataset(train_data):
         return _shape_of_table(cfg, dataset_table(cfg, train_data, "train_data="))
     if train_data is not None or cfg.dataset is not None:
@@ -102,7 +102,7 @@ def _inspect_training(cfg: TrainConfig, train_data: Any, collate: Optional[Calla
     return _table_shape(cfg, cfg.data)
 
 
-def _table_shape(cfg: TrainConfig, path: str, task: Optional[str] = None) -> DataShapeConfig:
+def _table_shape(cfg: TrainConfig, path: str, task: Optional[str] = None) -> DataShape:
     text = is_text(path)
     task = task or cfg.task or ("lm" if cfg.model == "gpt" or text else None)
     if task == "lm" and text:
@@ -111,7 +111,7 @@ def _table_shape(cfg: TrainConfig, path: str, task: Optional[str] = None) -> Dat
         if rows < 1:
             raise ConfigError(f"--data {path} holds {size} bytes, not one window of --seq-len "
                               f"{cfg.seq_len} + 1; give more text or a shorter --seq-len")
-        return DataShapeConfig(rows, cfg.seq_len, 256, "lm", num_classes=256)
+        return DataShape(rows, cfg.seq_len, 256, "lm", num_classes=256)
     # the counts the run is given stand in for row groups whose statistics are missing, so
     # a large data set is never read whole here; the gpt's vocabulary is --vocab-size
     # whatever the data holds (another model's output size is the data's)
@@ -121,24 +121,24 @@ def _table_shape(cfg: TrainConfig, path: str, task: Optional[str] = None) -> Dat
     return _shape_of_table(cfg, table)
 
 
-def _shape_of_table(cfg: TrainConfig, table) -> DataShapeConfig:
+def _shape_of_table(cfg: TrainConfig, table) -> DataShape:
     """What a checked table (parquet footers, or a Ray Dataset's schema) decides."""
     path = table.path
     if table.task == "lm":
         if table.input_dim < cfg.seq_len + 1:
             raise ConfigError(f"--data {path}: the shortest sequence has {table.input_dim} tokens; "
                               f"--seq-len {cfg.seq_len} needs {cfg.seq_len + 1}; lower --seq-len")
-        return DataShapeConfig(table.rows, cfg.seq_len, table.num_classes, "lm", table.num_classes, table=table)
+        return DataShape(table.rows, cfg.seq_len, table.num_classes, "lm", table.num_classes, table=table)
     classes = cfg.num_classes or table.num_classes
     if table.task == "classification" and cfg.num_classes and cfg.num_classes < table.num_classes:
         raise ConfigError(f"--data {path} has labels up to {table.num_classes - 1}, more than "
                           f"--num-classes {cfg.num_classes} allows; raise --num-classes")
     out = classes if table.task == "classification" else table.output_dim
-    return DataShapeConfig(table.rows, table.input_dim, out, table.task, classes,
+    return DataShape(table.rows, table.input_dim, out, table.task, classes,
                            table=dataclasses.replace(table, num_classes=classes))
 
 
-def _dataset_shape(cfg: TrainConfig, ds, collate: Optional[Callable] = None) -> DataShapeConfig:
+def _dataset_shape(cfg: TrainConfig, ds, collate: Optional[Callable] = None) -> DataShape:
     """A Dataset's first item says the sizes, and its first rows batched as the workers
     batch them (the run's collate) say the target: an integer scalar one a row (a Python
     int, a 0-d tensor or a numpy integer) makes it classification, a sequence of integers
@@ -170,7 +170,7 @@ def _dataset_shape(cfg: TrainConfig, ds, collate: Optional[Callable] = None) -> 
         int(y_t.numel()) if y_t is not None else cfg.output_dim)
     batch = example[0] if example is not None and isinstance(example[0], Mapping) else x
     unlabeled = tuple(sorted(batch)) if dict_rows and "labels" not in batch else None
-    return DataShapeConfig(len(ds), input_dim, output_dim, task, classes, example=example,
+    return DataShape(len(ds), input_dim, output_dim, task, classes, example=example,
                            unlabeled_keys=unlabeled)
 
 
@@ -215,7 +215,7 @@ def _example_batch(cfg: TrainConfig, ds, collate: Optional[Callable]) -> Any:
                           "can be dropped with dataset.remove_columns)") from None
 
 
-def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any) -> tuple[int, Any]:
+def _inspect_validation(cfg: TrainConfig, shape: DataShape, val_data: Any) -> tuple[int, Any]:
     """The validation rows, and their checked columns where a table holds them."""
     if is_ray_dataset(val_data):
         val = _shape_of_table(cfg, dataset_table(cfg, val_data, "val_data=", task=shape.task))
@@ -235,7 +235,7 @@ def _inspect_validation(cfg: TrainConfig, shape: DataShapeConfig, val_data: Any)
     return 0, None
 
 
-def _check_val_matches(val: DataShapeConfig, shape: DataShapeConfig, where: str) -> None:
+def _check_val_matches(val: DataShape, shape: DataShape, where: str) -> None:
     if (val.input_dim, val.task) != (shape.input_dim, shape.task):
         raise ConfigError(f"{where} does not match the training data "
                           f"({val.task} with {val.input_dim} inputs, the training data is "
@@ -251,7 +251,7 @@ def global_batch_for(cfg: TrainConfig, max_workers: int) -> int:
     return cfg.global_batch or max_workers * cfg.batch_size * cfg.grad_accum
 
 
-def data_decides(cfg: TrainConfig, shape: Optional[DataShapeConfig], global_batch: int) -> dict[str, Any]:
+def data_decides(cfg: TrainConfig, shape: Optional[DataShape], global_batch: int) -> dict[str, Any]:
     """What the data decides: the task, the model's sizes (and classes), and the steps
     per epoch (one pass over the training rows in global batches, whatever the world
     size); the config's own values (or SYNTHETIC's) where the data is synthetic."""

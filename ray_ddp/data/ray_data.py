@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional
 
 import pyarrow.fs as pafs
 
-from ray_ddp.data.table_stats import TableConfig, column_width, pick_columns
+from ray_ddp.data.table_stats import CheckedTable, column_width, pick_columns
 from ray_ddp.errors import ConfigError
 from ray_ddp.storage import resolve_storage
 
@@ -37,18 +37,18 @@ def is_ray_dataset(obj: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class RayDataConfig:
+class RayDataTables:
     """What a worker needs to read its shards: the columns the driver checked (a
-    TableConfig: features, targets, task, classes) of the training set and of the
+    CheckedTable: features, targets, task, classes) of the training set and of the
     validation set, each None where that set is not a Ray Dataset."""
 
-    table: Optional[TableConfig] = None
-    val_table: Optional[TableConfig] = None
+    table: Optional[CheckedTable] = None
+    val_table: Optional[CheckedTable] = None
 
 
-def plan_ray_data(cfg, shape, train, val) -> Optional[tuple[dict[str, Any], Any, RayDataConfig]]:
+def plan_ray_data(cfg, shape, train, val) -> Optional[tuple[dict[str, Any], Any, RayDataTables]]:
     """On the driver, once Ray is up: the trainer's ``datasets`` and ``dataset_config``
-    and the workers' RayDataConfig; None when no set is read through Ray Data."""
+    and the workers' RayDataTables; None when no set is read through Ray Data."""
     train_ds = train if is_ray_dataset(train) else read_parquet_dataset(cfg.data) if cfg.ray_data else None
     val_ds = shape.val_dataset if shape is not None and shape.val_dataset is not None else (
         read_parquet_dataset(cfg.val_data).materialize() if cfg.ray_data and cfg.val_data else None)
@@ -56,7 +56,7 @@ def plan_ray_data(cfg, shape, train, val) -> Optional[tuple[dict[str, Any], Any,
         return None
     quiet_ray_data(cfg.verbose)
     datasets, data_config = trainer_datasets(train_ds, val_ds)
-    return datasets, data_config, RayDataConfig(shape.table if train_ds is not None else None,
+    return datasets, data_config, RayDataTables(shape.table if train_ds is not None else None,
                                                 shape.val_table if val_ds is not None else None)
 
 
@@ -72,7 +72,7 @@ def quiet_ray_data(verbose: bool) -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
-def dataset_table(cfg, ds, where: str, task: Optional[str] = None) -> TableConfig:
+def dataset_table(cfg, ds, where: str, task: Optional[str] = None) -> CheckedTable:
     """The columns of a Ray Dataset object, checked like a parquet set's footers: its
     schema's columns (--features / --target, or f0.. / t0..), the rows counted
     (``ds.count()``: from parquet metadata where the pipeline keeps its rows, else by
@@ -108,7 +108,7 @@ def dataset_table(cfg, ds, where: str, task: Optional[str] = None) -> TableConfi
         rows = ds.count()
     if rows == 0:
         raise ConfigError(f"{where}: the Ray Dataset has no rows")
-    return TableConfig(where, feats, targs, rows, sum(column_width(arrow.field(c), where) for c in feats),
+    return CheckedTable(where, feats, targs, rows, sum(column_width(arrow.field(c), where) for c in feats),
                        sum(column_width(arrow.field(c), where) for c in targs), task, classes)
 
 
@@ -129,7 +129,7 @@ class RayDataSource:
     whose shard ends before the epoch's last step trains on empty batches (every rank's
     shard is as long, so they end together)."""
 
-    def __init__(self, table: TableConfig, micro_rows: int, grad_accum: int, device, seq_len: int = 0):
+    def __init__(self, table: CheckedTable, micro_rows: int, grad_accum: int, device, seq_len: int = 0):
         import ray.train
 
         self.shard = ray.train.get_dataset_shard(TRAIN)
@@ -168,14 +168,14 @@ class RayDataSource:
             self._a_row = batch[0][:1], batch[1][:1]
 
 
-def table_collate(table: TableConfig, seq_len: int = 0):
+def table_collate(table: CheckedTable, seq_len: int = 0):
     """iter_torch_batches' collate_fn: a pyarrow batch to (inputs, targets) tensors, by
     the same checked conversion as a parquet table's (data/tables.py). Made on the worker
     (Ray Data hands a collate of this base class its batches as pyarrow tables)."""
     from ray.data.collate_fn import ArrowBatchCollateFn
 
     # here, not at the top: data/tables.py imports torch, and Ray Train's controller imports this module
-    # (to unpickle the plan's RayDataConfig) without torch
+    # (to unpickle the plan's RayDataTables) without torch
     from ray_ddp.data.tables import table_tensors
 
     class TableCollate(ArrowBatchCollateFn):
@@ -198,7 +198,7 @@ def table_collate(table: TableConfig, seq_len: int = 0):
 class RayValSet:
     """Validation from a Ray Dataset, with ValSet's ``batches`` (data/inputs.py)."""
 
-    table: TableConfig
+    table: CheckedTable
     device: Any
     seq_len: int = 0
 
@@ -206,7 +206,7 @@ class RayValSet:
         return ray_val_batches(self.table, rank, world, batch_size, self.device, equal_counts, self.seq_len)
 
 
-def ray_val_batches(table: TableConfig, rank: int, world: int, batch_size: int, device,
+def ray_val_batches(table: CheckedTable, rank: int, world: int, batch_size: int, device,
                     equal_counts: bool = False, seq_len: int = 0) -> Iterator[tuple]:
     """This rank's validation batches: every world-th batch of the whole set, read in a
     fixed order; ``equal_counts``: the ranks with fewer batches end with an empty one (a

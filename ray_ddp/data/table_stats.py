@@ -15,7 +15,7 @@ from ray_ddp.storage import resolve_storage
 
 
 @dataclass(frozen=True)
-class TableConfig:
+class CheckedTable:
     """A checked parquet data set: where, which columns, how many rows, the dims, and the
     task its targets make: float targets regression, one integer target column
     classification (``num_classes``: the largest label + 1), a column of token-id lists
@@ -77,7 +77,7 @@ def column_width(field: pa.Field, path: str) -> int:
 
 def inspect_table(path: str, features: Optional[str], target: Optional[str],
                   task: Optional[str] = None, *, stream: bool = False,
-                  num_classes: Optional[int] = None, vocab_size: Optional[int] = None) -> TableConfig:
+                  num_classes: Optional[int] = None, vocab_size: Optional[int] = None) -> CheckedTable:
     """Check a parquet data set on the driver; raise ConfigError with one line if unusable.
     ``task``: the one asked for, or None to take it from the target columns.
 
@@ -113,13 +113,13 @@ def inspect_table(path: str, features: Optional[str], target: Optional[str],
         if high is None and not skipped:
             raise ConfigError(f"--data {path}: column '{targs[0]}' holds no labels, only nulls")
         classes = _count_classes(high, num_classes if skipped else None)
-    return TableConfig(path, feats, targs, rows,
+    return CheckedTable(path, feats, targs, rows,
                        sum(column_width(schema.field(c), path) for c in feats),
                        sum(column_width(schema.field(c), path) for c in targs), task, classes)
 
 
 def _inspect_token_table(ds, path: str, column: str, rows: int, stream: bool,
-                         vocab_size: Optional[int]) -> TableConfig:
+                         vocab_size: Optional[int]) -> CheckedTable:
     """A language model's data: one column of token-id lists; the targets are the inputs
     shifted by one token, so there is no target column."""
     if column not in ds.schema.names:
@@ -141,7 +141,7 @@ def _inspect_token_table(ds, path: str, column: str, rows: int, stream: bool,
     low, high, skipped = _find_value_range(ds, column, known=vocab_size)
     if low is not None and low < 0:
         raise ConfigError(f"--data {path}: token ids must be 0 or more, found {low}")
-    return TableConfig(path, (column,), (), rows, int(shortest), 0, "lm",
+    return CheckedTable(path, (column,), (), rows, int(shortest), 0, "lm",
                        num_classes=_count_classes(high, vocab_size if skipped else None))
 
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from ray_ddp.errors import ConfigError
-from ray_ddp.data.table_stats import TableConfig, open_dataset
+from ray_ddp.data.table_stats import CheckedTable, open_dataset
 from ray_ddp.storage import resolve_storage
 
 
@@ -26,7 +26,7 @@ def _columns_to_tensor(table: pa.Table, cols: tuple[str, ...]) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def load_table(table: TableConfig, seq_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def load_table(table: CheckedTable, seq_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole data set as tensors (inputs, targets), rows in file order: float32
     inputs and targets for regression, int64 labels for classification, and for a
     language model int64 tokens, each row's first ``seq_len`` as inputs and the same
@@ -35,7 +35,7 @@ def load_table(table: TableConfig, seq_len: int = 0) -> tuple[torch.Tensor, torc
     return table_tensors(data, table, seq_len, f"--data {table.path}")
 
 
-def table_tensors(data: pa.Table, table: TableConfig, seq_len: int,
+def table_tensors(data: pa.Table, table: CheckedTable, seq_len: int,
                 where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``where``: the rows' place, for the one line that refuses them."""
     if table.task == "lm":
@@ -71,7 +71,7 @@ def _check_range(values: torch.Tensor, count: Optional[int], where: str, what: s
                           f"raise {flag} or fix the data")
 
 
-def list_row_groups(table: TableConfig) -> list[tuple[str, int, int]]:
+def list_row_groups(table: CheckedTable) -> list[tuple[str, int, int]]:
     """Every row group of the data set as (file, row group, rows), in file order: the
     units ``--stream`` shuffles and reads (metadata only, no rows are read)."""
     groups = []
@@ -82,7 +82,7 @@ def list_row_groups(table: TableConfig) -> list[tuple[str, int, int]]:
     return [g for g in groups if g[2] > 0]
 
 
-def row_group_reader(table: TableConfig, seq_len: int = 0):
+def row_group_reader(table: CheckedTable, seq_len: int = 0):
     """read(file, row group) -> (inputs, targets) as float32 tensors, for --stream."""
     import pyarrow.parquet as pq
 

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from ray_ddp.checkpoint.format import started_from_of
 from ray_ddp.checkpoint.verify import CheckpointScan
-from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.cluster.placement import Placement
 from ray_ddp.cluster.runtime_env import worker_runtime_env
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.start import planned_steps
@@ -21,11 +21,11 @@ from ray_ddp.record.events import Event, from_records
 from ray_ddp.record.failures import describe_loss, summarize_failure
 from ray_ddp.record.folder import Progress, RunFolder
 from ray_ddp.record.progress import read_progress
-from ray_ddp.storage import StorageConfig
+from ray_ddp.storage import Storage
 from ray_ddp.worker.collectives import start_up_timeout_s
 
 
-def fold_metrics_after_fit(store: StorageConfig, folder: RunFolder) -> None:
+def fold_metrics_after_fit(store: Storage, folder: RunFolder) -> None:
     """metrics.parquet with the parts this fit's callback appended. Where the storage
     fails here the parts stay, for the next fit to fold (every reader reads them
     meanwhile): it must not hide how the fit itself ended."""
@@ -35,7 +35,7 @@ def fold_metrics_after_fit(store: StorageConfig, folder: RunFolder) -> None:
         pass
 
 
-def drop_failed_trackers(tracking, store: StorageConfig, run_path: str) -> None:
+def drop_failed_trackers(tracking, store: Storage, run_path: str) -> None:
     """The trackers the fit's controller dropped, dropped here too (progress.json)."""
     try:
         progress = read_progress(store, run_path)
@@ -45,7 +45,7 @@ def drop_failed_trackers(tracking, store: StorageConfig, run_path: str) -> None:
         tracking.drop(progress.trackers_failed)
 
 
-def controller_events(store: StorageConfig, run_path: str) -> list[Event]:
+def controller_events(store: Storage, run_path: str) -> list[Event]:
     """The worker-group restarts the metrics callback saw within one fit (progress.json)."""
     try:
         progress = read_progress(store, run_path)
@@ -72,7 +72,7 @@ def plan_workers(run: RunPlan, scan: CheckpointScan, objects: dict[str, Any],
                       hang_watch=hang_watch, ray_data=ray_data)
 
 
-def fit_on_ray(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfig,
+def fit_on_ray(cfg: TrainConfig, store: Storage, placement: Placement,
                plan: WorkerPlan, objects: dict[str, Any], tracking=None, ray_inputs=None) -> None:
     """One TorchTrainer.fit() of the planned workers, its failure as a TrainingError."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
@@ -122,7 +122,7 @@ def fit_on_ray(cfg: TrainConfig, store: StorageConfig, placement: PlacementConfi
         raise KeyboardInterrupt from None
 
 
-def _training_error(err: Exception, run_path: str, store: StorageConfig) -> TrainingError:
+def _training_error(err: Exception, run_path: str, store: Storage) -> TrainingError:
     """One line for the user: the rank that explains the failure (a dead worker or node
     before the survivors' broken connections) and its cause."""
     progress = read_progress(store, run_path) or Progress(0.0)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.cluster.placement import Placement
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
-from ray_ddp.data.plan import DataShapeConfig, data_decides, global_batch_for
+from ray_ddp.data.plan import DataShape, data_decides, global_batch_for
 from ray_ddp.plan import BatchPlan, RunPlan
-from ray_ddp.storage import StorageConfig
+from ray_ddp.storage import Storage
 
 
-def resolve(cfg: TrainConfig, data: Optional[DataShapeConfig], placement: Optional[PlacementConfig] = None,
-            store: Optional[StorageConfig] = None) -> RunPlan:
+def resolve(cfg: TrainConfig, data: Optional[DataShape], placement: Optional[Placement] = None,
+            store: Optional[Storage] = None) -> RunPlan:
     """The RunPlan of ``cfg`` (checked, never changed here) for its ``data`` (None:
     synthetic), ``placement`` (None before Ray: the largest world the flags name, or 1)
     and its opened ``store`` (None before: no folder yet)."""
@@ -35,7 +35,7 @@ def resolve(cfg: TrainConfig, data: Optional[DataShapeConfig], placement: Option
                                     cpus_per_worker=cfg.cpus_per_worker, backend=cfg.backend)))
 
 
-def describe_global_batch(plan: RunPlan, placement: PlacementConfig) -> str:
+def describe_global_batch(plan: RunPlan, placement: Placement) -> str:
     """The global batch, and how it is cut (for an elastic run: at its largest world size)."""
     batch, cut = plan.batch, plan.batch.cut(placement.workers)
     if placement.elastic:

@@ -10,20 +10,20 @@ import functools
 import os
 import time
 from typing import Any, Callable, Optional
-from ray_ddp.cluster.attach import ClusterConfig, attach_ray, refresh_elastic_view
+from ray_ddp.cluster.attach import FoundCluster, attach_ray, refresh_elastic_view
 from ray_ddp.cluster.preflight import ensure_cluster_fits, ensure_cpu_for_ray_data
 from ray_ddp.errors import ConfigError, TrainingError
 from ray_ddp.config.checks import check_devices, check_objects
 from ray_ddp.config.choices import SHARDED_STRATEGIES
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
-from ray_ddp.cluster.placement import PlacementConfig, plan_placement
-from ray_ddp.data.plan import DataShapeConfig, check_row_targets, inspect_data
+from ray_ddp.cluster.placement import Placement, plan_placement
+from ray_ddp.data.plan import DataShape, check_row_targets, inspect_data
 from ray_ddp.data.ray_data import is_ray_dataset, plan_ray_data
 from ray_ddp.data.saved import open_saved_datasets
 from ray_ddp.parallel.units import check_fsdp_wrap
 from ray_ddp.models.build import check_init_from, check_model, model_stages
-from ray_ddp.storage import StorageConfig, check_writable, read_json, resolve_storage
+from ray_ddp.storage import Storage, check_writable, read_json, resolve_storage
 from ray_ddp.record.events import from_records
 from ray_ddp.driver.supervisor import fit_with_status
 from ray_ddp.driver.snapshots import drop_snapshots
@@ -97,7 +97,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
     return summary
 
 
-def summary_of_complete_run(plan: RunPlan, store: StorageConfig, start: StartState, started: float) -> RunSummary:
+def summary_of_complete_run(plan: RunPlan, store: Storage, start: StartState, started: float) -> RunSummary:
     """The summary of a run with nothing left to train: its own summary.json, marked so."""
     summary = read_json(store.fs, store.run_folder(plan.config.name).summary)
     if summary is not None:
@@ -105,7 +105,7 @@ def summary_of_complete_run(plan: RunPlan, store: StorageConfig, start: StartSta
     return write_summary(plan.run_config(), store, None, start.resumed_from, started)
 
 
-def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, Optional[DataShapeConfig], RunPlan]:
+def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, Optional[DataShape], RunPlan]:
     """Everything checked before Ray starts (bad data costs seconds, not a cluster): the
     config, the data's shape, the run resolved for the workers the flags name (resolved
     again for the workers the cluster gives), the model against a row, the MLflow server.
@@ -122,7 +122,7 @@ def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, O
     return cfg, data_shape, plan
 
 
-def find_start_point(plan: RunPlan, store: StorageConfig, data_shape: Optional[DataShapeConfig], model: Any,
+def find_start_point(plan: RunPlan, store: Storage, data_shape: Optional[DataShape], model: Any,
                      echo: Callable[[str], None]) -> tuple[StartState, Optional[str]]:
     """Where the run starts (a new run, or the checkpoint to resume; find_start), and the
     --init-from weights a new run starts from (checked against the model's keys before
@@ -155,7 +155,7 @@ def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
-def open_storage(cfg: TrainConfig) -> StorageConfig:
+def open_storage(cfg: TrainConfig) -> Storage:
     """The run storage, checked writable (and local, for TensorBoard's event files)."""
     store = resolve_storage(cfg.storage)
     check_writable(store)
@@ -165,8 +165,8 @@ def open_storage(cfg: TrainConfig) -> StorageConfig:
     return store
 
 
-def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, store: StorageConfig,
-                  echo: Callable[[str], None]) -> tuple[RunPlan, PlacementConfig]:
+def place_workers(cfg: TrainConfig, cluster: FoundCluster, data_shape, store: Storage,
+                  echo: Callable[[str], None]) -> tuple[RunPlan, Placement]:
     """Plan the placement on this cluster, check the cluster can ever hold it (waiting for
     an autoscaler if it must), and resolve the run for it: workers, devices, backend, the
     global batch and the steps per epoch."""
@@ -182,7 +182,7 @@ def place_workers(cfg: TrainConfig, cluster: ClusterConfig, data_shape, store: S
     return resolve(cfg, data_shape, placement, store), placement
 
 
-def announce(plan: RunPlan, placement: PlacementConfig, start: StartState, store: StorageConfig,
+def announce(plan: RunPlan, placement: Placement, start: StartState, store: Storage,
              echo: Callable[[str], None]) -> None:
     cfg = plan.config
     if not cfg.quiet:

@@ -11,7 +11,7 @@ from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.record.status import new_run_id, read_run_id
-from ray_ddp.storage import StorageConfig
+from ray_ddp.storage import Storage
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row
 from ray_ddp.plan import saved_run_config
@@ -31,7 +31,7 @@ class StartState:
     run_id: str = ""
 
 
-def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callable[[str], None]) -> StartState:
+def find_start(cfg: TrainConfig, store: Storage, data_shape, echo: Callable[[str], None]) -> StartState:
     """The newest whole checkpoint of the run (every file checked), whether this command
     can resume from it, and whether there is anything left to train."""
     scan = find_latest_checkpoint(store.fs, store.run_path(cfg.name), verify_crc=True)
@@ -58,7 +58,7 @@ def find_start(cfg: TrainConfig, store: StorageConfig, data_shape, echo: Callabl
     return StartState(scan, resumed_from, complete, read_run_id(store, store.run_path(cfg.name)) or new_run_id())
 
 
-def ended_by_early_stop(cfg: TrainConfig, store: StorageConfig, meta: dict[str, Any]) -> bool:
+def ended_by_early_stop(cfg: TrainConfig, store: Storage, meta: dict[str, Any]) -> bool:
     """Whether --early-stop ended the run at this checkpoint, so that this command has
     nothing left to do: the metrics row of the checkpoint's step says so
     (``early_stopped``; the table and its parts get each checkpoint's rows, so they hold that

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.cluster.placement import Placement
 from ray_ddp.record.folder import METRICS_FILE, PROFILE_FOLDER, RunFolder
-from ray_ddp.storage import StorageConfig, read_table, write_json
+from ray_ddp.storage import Storage, read_table, write_json
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.plan import saved_run_config
 from ray_ddp.record.status import read_events
@@ -113,7 +113,7 @@ def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs,
     return out
 
 
-def profile_folder(store: StorageConfig, name: str) -> Optional[str]:
+def profile_folder(store: Storage, name: str) -> Optional[str]:
     """Where --profile's traces are, if any were written."""
     from pyarrow.fs import FileSelector
 
@@ -121,7 +121,7 @@ def profile_folder(store: StorageConfig, name: str) -> Optional[str]:
     return store.uri_of(name, PROFILE_FOLDER) if any(i.base_name.endswith(".pt.trace.json") for i in found) else None
 
 
-def write_summary(cfg: TrainConfig, store: StorageConfig, placement: Optional[PlacementConfig],
+def write_summary(cfg: TrainConfig, store: Storage, placement: Optional[Placement],
                    resumed_from: Optional[str], started: float,
                    marks: Optional[dict[str, float]] = None,
                    resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:

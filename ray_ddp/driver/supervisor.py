@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
-from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.cluster.placement import Placement
 from ray_ddp.cluster.runtime_env import nccl_hang_env, train_controller_env
 from ray_ddp.driver.fit import controller_events, drop_failed_trackers, fit_on_ray, fold_metrics_after_fit, \
     plan_workers
@@ -26,17 +26,17 @@ from ray_ddp.record.events import (Event, attribute_hangs, failure_event, merge_
 from ray_ddp.record.folder import Progress
 from ray_ddp.record.progress import read_progress, show_progress
 from ray_ddp.record.status import read_events, write_status
-from ray_ddp.storage import StorageConfig
+from ray_ddp.storage import Storage
 
 
-def fit_with_status(run: RunPlan, store: StorageConfig, placement: PlacementConfig,
+def fit_with_status(run: RunPlan, store: Storage, placement: Placement,
                     start: StartState, objects: dict[str, Any], echo: Callable[[str], None], *,
                     init_from: Optional[str] = None, model_loss: bool = False, tracking=None,
                     ray_inputs=None, fit: Optional[Callable[..., None]] = None) -> None:
     """The run's fits under a FitSupervisor. ``init_from``: a new run's first weights;
     ``model_loss``: batches hand the model its labels (WorkerPlan); ``tracking``: the
     run's Trackers; ``ray_inputs``: the trainer's Ray Datasets, their DataConfig and the
-    workers' RayDataConfig (data/ray_data.py); ``fit``: what runs the workers,
+    workers' RayDataTables (data/ray_data.py); ``fit``: what runs the workers,
     ``fit_on_ray`` (a TorchTrainer) unless the caller brings its own (the tests' gloo
     harness: plain processes, for ray_ddp's own code)."""
     FitSupervisor(run, store, placement, start, objects, echo, init_from=init_from, model_loss=model_loss,
@@ -48,7 +48,7 @@ class FitSupervisor:
     (``events``), the hangs that ended a fit with no restart within it (``pending``), the
     restarts so far (``restarts``) and the newest checkpoint (``scan``)."""
 
-    def __init__(self, run: RunPlan, store: StorageConfig, placement: PlacementConfig, start: StartState,
+    def __init__(self, run: RunPlan, store: Storage, placement: Placement, start: StartState,
                  objects: dict[str, Any], echo: Callable[[str], None], *, init_from: Optional[str],
                  model_loss: bool, tracking, ray_inputs, fit: Callable[..., None]):
         self.run, self.store, self.placement, self.start = run, store, placement, start

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.record.progress import read_progress
-from ray_ddp.storage import StorageConfig
+from ray_ddp.storage import Storage
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.errors import ConfigError
 from ray_ddp.record.events import Event
@@ -34,7 +34,7 @@ def check_tracking(cfg: TrainConfig) -> None:
     check_wandb(cfg)
 
 
-def open_run_tracking(cfg: TrainConfig, identity: str, store: StorageConfig) -> Trackers:
+def open_run_tracking(cfg: TrainConfig, identity: str, store: Storage) -> Trackers:
     """The run's trackers: Ray's metrics always, and those the flags name, each the same
     tracker run a resume of this run folder continues (found by the folder's
     ``identity``), its config the one resolved for this cluster."""
@@ -52,7 +52,7 @@ def open_run_tracking(cfg: TrainConfig, identity: str, store: StorageConfig) -> 
     return Trackers(trackers)
 
 
-def close_run_tracking(trackers: Optional[Trackers], store: StorageConfig, cfg: TrainConfig,
+def close_run_tracking(trackers: Optional[Trackers], store: Storage, cfg: TrainConfig,
                        summary: Optional[dict], events: list[Event], status: str,
                        echo: Callable[[str], None], fit_over: bool = True) -> None:
     """The events, the summary's numbers and (local storage) the final model.pt; each

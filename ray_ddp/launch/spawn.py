@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 from ray_ddp.errors import ConfigError
-from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.cluster.placement import Placement
 from ray_ddp.launch.env import plan_node_env
 from ray_ddp.errors import ProcessFailed
 from ray_ddp.cluster.attach import attach_ray
@@ -109,7 +109,7 @@ class GroupState:
     placement_group: Any
 
 
-def start_group(placement: PlacementConfig, runtime_env: dict, wait_s: float) -> GroupState:
+def start_group(placement: Placement, runtime_env: dict, wait_s: float) -> GroupState:
     """Reserve every process's resources at once (a placement group), waiting at most
     ``wait_s`` seconds (other work may hold what the preflight saw free), then start the
     actors and rank 0's rendezvous store."""
@@ -209,16 +209,16 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, gpus_per_pr
                               runtime_env=importable_env(*object_modules(fn), *(m for a in args for m in object_modules(a))))
 
 
-def plan_processes(nprocs: int, gpus_per_process: int) -> PlacementConfig:
+def plan_processes(nprocs: int, gpus_per_process: int) -> Placement:
     if nprocs < 1:
         raise ConfigError(f"nprocs must be a positive integer, got {nprocs}")
     if gpus_per_process not in (0, 1, 2):
         raise ConfigError(f"gpus_per_process must be 0, 1 or 2, got {gpus_per_process}")
-    return PlacementConfig(workers=nprocs, gpus_per_worker=gpus_per_process, cpus_per_worker=1,
+    return Placement(workers=nprocs, gpus_per_worker=gpus_per_process, cpus_per_worker=1,
                            backend="nccl" if gpus_per_process else "gloo")
 
 
-def run_with_restarts(placement: PlacementConfig, address: Optional[str], max_failures: int,
+def run_with_restarts(placement: Placement, address: Optional[str], max_failures: int,
                        wait_s: float, run_group: Callable[[GroupState], list],
                        runtime_env: Optional[dict] = None) -> list[Any]:
     with attach_ray(address, verbose=False, local_cpus=placement.workers):

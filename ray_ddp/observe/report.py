@@ -12,7 +12,7 @@ from ray_ddp.errors import ConfigError
 from ray_ddp.record.events import Event, where_restarted
 from ray_ddp.record.status import read_events
 from ray_ddp.record.folder import METRICS_FILE, RunFolder
-from ray_ddp.storage import StorageConfig, read_table, resolve_storage
+from ray_ddp.storage import Storage, read_table, resolve_storage
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.schema import rank_mean
 
@@ -80,7 +80,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
     return summary
 
 
-def _read_rows(store: StorageConfig, name: str) -> list[dict]:
+def _read_rows(store: Storage, name: str) -> list[dict]:
     """The run's metrics rows; a run with none is the user's mistake, in one line."""
     table = read_metrics(store.fs, RunFolder(store.run_path(name)))
     if table is None or table.num_rows == 0:
@@ -89,7 +89,7 @@ def _read_rows(store: StorageConfig, name: str) -> list[dict]:
     return table.to_pylist()
 
 
-def _plot_loss(plt: Any, save: Callable[[Any, str], None], store: StorageConfig, name: str,
+def _plot_loss(plt: Any, save: Callable[[Any, str], None], store: Storage, name: str,
                rows: list[dict], steps: list[int]) -> tuple[list[Optional[float]], list[Event]]:
     """loss.png: the mean over ranks with its min-max band, validation beside it, and the
     run's events marked; returns the mean loss at each step and the events."""
@@ -148,12 +148,12 @@ def _summarize(name: str, steps: list[int], by_rank: dict[int, list[dict]], mean
     )
 
 
-def _events_of(store: StorageConfig, name: str) -> list[Event]:
+def _events_of(store: Storage, name: str) -> list[Event]:
     """The run's events (status.json): lost workers, preemptions, resizes."""
     return read_events(store, store.run_path(name))
 
 
-def _report_target(store: StorageConfig, name: str, out: Optional[str]):
+def _report_target(store: Storage, name: str, out: Optional[str]):
     """``--out DIR`` (a path or URI), else ``<run>/report/`` next to the run's metrics."""
     target = resolve_storage(out) if out else None
     fs = target.fs if target else store.fs

@@ -13,7 +13,7 @@ from ray_ddp.record.events import count_restarts, from_records
 from ray_ddp.record.status import read_status
 from ray_ddp.record.progress import read_progress
 from ray_ddp.record.folder import Progress
-from ray_ddp.storage import StorageConfig, resolve_storage
+from ray_ddp.storage import Storage, resolve_storage
 from ray_ddp.errors import StorageError
 
 
@@ -56,7 +56,7 @@ def list_runs(storage: str, now: Optional[float] = None) -> list[RunListing]:
     return listings
 
 
-def describe_run(store: StorageConfig, name: str, now: float) -> Optional[RunListing]:
+def describe_run(store: Storage, name: str, now: float) -> Optional[RunListing]:
     run_path = store.run_path(name)
     try:
         status = read_status(store, run_path)

@@ -40,7 +40,7 @@ WANDB_FILE = "wandb.json"
 @dataclass(frozen=True)
 class RunFolder:
     """The paths of one run's folder; ``path`` is the folder inside its storage's
-    filesystem (``StorageConfig.run_path``; ``StorageConfig.run_folder`` makes one)."""
+    filesystem (``Storage.run_path``; ``Storage.run_folder`` makes one)."""
 
     path: str
 

@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterator, Optional
 from ray_ddp.record.events import Event, attribute_hangs, from_records, steps_to_redo, where_restarted
 from ray_ddp.record.folder import Progress, RunFolder
 from ray_ddp.errors import StorageError
-from ray_ddp.storage import StorageConfig, read_json
+from ray_ddp.storage import Storage, read_json
 
 
-def read_progress(store: StorageConfig, run_path: str) -> Optional[Progress]:
+def read_progress(store: Storage, run_path: str) -> Optional[Progress]:
     """The run's progress.json, or None: none yet, or a file that is not one (it is
     written atomically, so only one someone else put there). A storage that cannot be
     read raises StorageError."""
@@ -122,7 +122,7 @@ class _Bar:
 
 
 @contextmanager
-def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], None],
+def show_progress(store: Storage, run_path: str, echo: Callable[[str], None],
                   enabled: bool, terminal: Optional[bool] = None,
                   every_s: float = 1.0, hangs: Callable[[], list[Event]] = list) -> Iterator[None]:
     """Poll progress.json until the block ends, showing each new report. ``hangs``: the
@@ -158,7 +158,7 @@ def show_progress(store: StorageConfig, run_path: str, echo: Callable[[str], Non
 class _Display:
     """What the poll has shown so far, and the showing of each new progress.json."""
 
-    def __init__(self, store: StorageConfig, run_path: str, echo: Callable[[str], None],
+    def __init__(self, store: Storage, run_path: str, echo: Callable[[str], None],
                  bar: Optional[_Bar], hangs: Callable[[], list[Event]]) -> None:
         """Take what progress.json already holds as shown."""
         self.store, self.run_path, self.echo, self.bar, self.hangs = store, run_path, echo, bar, hangs
@@ -237,7 +237,7 @@ class _Display:
             self.write(format_early_stop(p.early_stop))
 
 
-def _read_for_display(store: StorageConfig, run_path: str) -> Optional[Progress]:
+def _read_for_display(store: Storage, run_path: str) -> Optional[Progress]:
     """read_progress, None where the storage fails: the display shows what it can read,
     and the next poll (or the last read) reads the file again."""
     try:

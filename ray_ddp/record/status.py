@@ -7,13 +7,13 @@ import time
 import uuid
 from typing import Optional
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.cluster.placement import PlacementConfig
+from ray_ddp.cluster.placement import Placement
 from ray_ddp.record.events import Event, from_records, to_records
 from ray_ddp.record.folder import RunFolder, Status
-from ray_ddp.storage import StorageConfig, read_json, write_json
+from ray_ddp.storage import Storage, read_json, write_json
 
 
-def read_status(store: StorageConfig, run_path: str) -> Optional[Status]:
+def read_status(store: Storage, run_path: str) -> Optional[Status]:
     """The run's status.json, or None: no such file, or one that is not a status (not
     JSON, no state). A storage that cannot be read raises StorageError."""
     try:
@@ -22,13 +22,13 @@ def read_status(store: StorageConfig, run_path: str) -> Optional[Status]:
         return None
 
 
-def read_events(store: StorageConfig, run_path: str) -> list[Event]:
+def read_events(store: Storage, run_path: str) -> list[Event]:
     """The events status.json holds from earlier commands of the run."""
     status = read_status(store, run_path)
     return from_records(status.events) if status else []
 
 
-def read_run_id(store: StorageConfig, run_path: str) -> Optional[str]:
+def read_run_id(store: Storage, run_path: str) -> Optional[str]:
     """The run folder's own id (status.json ``run_id``), or None: a new folder, or one
     written before run ids were kept."""
     run_id = status.run_id if (status := read_status(store, run_path)) else None
@@ -39,8 +39,8 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def write_status(store: StorageConfig, run_path: str, state: str, cfg: TrainConfig,
-                 placement: PlacementConfig, error: Optional[str] = None,
+def write_status(store: Storage, run_path: str, state: str, cfg: TrainConfig,
+                 placement: Placement, error: Optional[str] = None,
                  stretches: Optional[list[dict[str, int]]] = None,
                  events: Optional[list[Event]] = None, run_id: Optional[str] = None) -> None:
     """status.json: what `ray-ddp runs` shows. ``created`` and ``run_id`` (the folder's

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ray_ddp.errors import ConfigError
-from ray_ddp.storage import StorageConfig, read_json, write_json
+from ray_ddp.storage import Storage, read_json, write_json
 from ray_ddp.tune.space import TuneConfig, sample_space
 
 DRAWS_FILE = "draws.json"
@@ -39,13 +39,13 @@ def draw_trials(tc: TuneConfig) -> list[dict[str, Any]]:
     return draws
 
 
-def read_draws(store: StorageConfig, root: str) -> dict[int, dict[str, Any]]:
+def read_draws(store: Storage, root: str) -> dict[int, dict[str, Any]]:
     """The stored draws by trial index ({} for a search that stored none)."""
     stored = read_json(store.fs, f"{root}/{DRAWS_FILE}") or {}
     return {int(k): v["params"] for k, v in stored.get("trials", {}).items()}
 
 
-def check_draws(tc: TuneConfig, store: StorageConfig, root: str) -> list[dict[str, Any]]:
+def check_draws(tc: TuneConfig, store: Storage, root: str) -> list[dict[str, Any]]:
     """This file's draws; a ConfigError (one line, nothing written) when a trial that has
     a run folder was drawn otherwise before. A trial without one never started: its new
     draw replaces the old when saved."""
@@ -63,7 +63,7 @@ def check_draws(tc: TuneConfig, store: StorageConfig, root: str) -> list[dict[st
     return draws
 
 
-def save_draws(store: StorageConfig, root: str, draws: list[dict[str, Any]]) -> None:
+def save_draws(store: Storage, root: str, draws: list[dict[str, Any]]) -> None:
     """Store ``draws`` (checked by ``check_draws``) beside the trials: those stored already
     keep their first date, new or changed ones are dated now. One atomic write."""
     stored = (read_json(store.fs, f"{root}/{DRAWS_FILE}") or {}).get("trials", {})
@@ -77,7 +77,7 @@ def save_draws(store: StorageConfig, root: str, draws: list[dict[str, Any]]) -> 
         write_json(store.fs, f"{root}/{DRAWS_FILE}", {"trials": trials})
 
 
-def _started_trials(store: StorageConfig, root: str) -> set[int]:
+def _started_trials(store: Storage, root: str) -> set[int]:
     """The indices of the trials whose run folder exists."""
     from pyarrow.fs import FileSelector, FileType
 

@@ -72,10 +72,10 @@ def test_each_process_gets_the_env_init_method_variables(ray_local):
 
 def test_waiting_for_a_placement_is_bounded(ray_local):
     from ray_ddp import ConfigError
-    from ray_ddp.cluster.placement import PlacementConfig
+    from ray_ddp.cluster.placement import Placement
     from ray_ddp.launch.spawn import start_group
 
-    too_big = PlacementConfig(workers=1, gpus_per_worker=0, cpus_per_worker=64, backend="gloo")
+    too_big = Placement(workers=1, gpus_per_worker=0, cpus_per_worker=64, backend="gloo")
     with pytest.raises(ConfigError, match=r"could not place the processes within 1 s: the job needs "
                                           r"1 workers x 64 CPU = 64 CPU"):
         start_group(too_big, {}, wait_s=1)

@@ -261,11 +261,11 @@ def test_storage_that_is_not_the_local_disk_copies_the_config_too(tmp_path, monk
     from flaky_fs import FlakyHandler
 
     import ray_ddp.checkpoint.export as export
-    from ray_ddp.storage import StorageConfig
+    from ray_ddp.storage import Storage
 
     model = nudged(gpt2())
     write_ddp(tmp_path / "runs" / "hf", model)
-    remote = StorageConfig(uri="flaky://runs", fs=pafs.PyFileSystem(FlakyHandler(fail_opens=0)),
+    remote = Storage(uri="flaky://runs", fs=pafs.PyFileSystem(FlakyHandler(fail_opens=0)),
                            path=str(tmp_path / "runs"))
     monkeypatch.setattr(export, "resolve_storage", lambda storage: remote)
     summary = export.export_model("hf", "flaky://runs", out=str(tmp_path / "out"), format="hf")

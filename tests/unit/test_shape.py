@@ -276,3 +276,15 @@ def test_the_users_config_is_frozen_and_only_the_run_plan_derives_from_it():
                  for lines in [planned_rewrites(path.read_text())] if lines}
     assert not offenders, f"planned fields rewritten outside plan.py: {offenders}"
     assert planned_rewrites("dataclasses.replace(cfg, task='lm', lr=1.0)") == [1]  # the check sees one
+
+
+# The classes named *Config: configuration a user or a caller sets. What is opened, found
+# or checked is named for what it is (docs/architecture.md).
+CONFIG_CLASSES = {"TrainConfig", "AdapterConfig", "TuneConfig", "RestartPolicyConfig"}
+
+
+def test_a_class_named_config_is_configuration():
+    named = {node.name for path in modules().values() for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ClassDef) and node.name.endswith("Config")}
+    assert named == CONFIG_CLASSES, "a class named *Config that is not configuration: " + \
+        ", ".join(sorted(named ^ CONFIG_CLASSES))

@@ -13,7 +13,7 @@ from ray_ddp.data.inputs import SOURCE_KINDS, build_inputs, source_kind
 from ray_ddp.data.loader import LoaderSource
 from ray_ddp.data.plan import inspect_data
 from ray_ddp.driver.resolve import resolve
-from ray_ddp.data.ray_data import RayDataConfig
+from ray_ddp.data.ray_data import RayDataTables
 from ray_ddp.data.sources import IndexedSource, Source, StreamSource, ValBatches
 from ray_ddp.data.synth import SyntheticSource
 from ray_ddp.data.synth_files import write_synthetic
@@ -61,8 +61,8 @@ def test_each_kind_is_a_source_that_cuts_the_step_and_closes(table, kind, option
 
 def test_ray_data_decides_first_and_its_validation_alone_leaves_the_rows_source(table):
     cfg, _ = resolved(data=table)
-    assert source_kind(cfg, {}, RayDataConfig(table=object())) == "ray-data"
-    assert source_kind(cfg, {}, RayDataConfig(val_table=object())) == "rows"
+    assert source_kind(cfg, {}, RayDataTables(table=object())) == "ray-data"
+    assert source_kind(cfg, {}, RayDataTables(val_table=object())) == "rows"
 
 
 @pytest.mark.parametrize("given", ["val_data", "val_fraction", "val_object", "val_object_loader"])

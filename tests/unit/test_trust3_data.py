@@ -95,7 +95,7 @@ def counted_uri(tmp_path, monkeypatch):
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
     from ray_ddp.data import saved
-    from ray_ddp.storage import StorageConfig
+    from ray_ddp.storage import Storage
 
     read = [0]
 
@@ -116,7 +116,7 @@ def counted_uri(tmp_path, monkeypatch):
     fs = PyFileSystem(FSSpecHandler(Counted(skip_instance_cache=True)))
     uri = "counted://train"
     monkeypatch.setattr(saved, "resolve_storage",
-                        lambda path: StorageConfig(uri=path, fs=fs, path=str(tmp_path / "train")))
+                        lambda path: Storage(uri=path, fs=fs, path=str(tmp_path / "train")))
     size = sum(p.stat().st_size for p in (tmp_path / "train").glob("*.arrow"))
     return uri, read, rows, size
 

@@ -20,7 +20,7 @@ from ray_ddp.record.failures import describe_loss, summarize_failure
 from ray_ddp.record.progress import show_progress
 from ray_ddp.driver.restart_decision import RestartPolicyConfig, RestartState, decide_restart
 from ray_ddp.errors import StorageError, TrainingError
-from ray_ddp.storage import StorageConfig, write_json
+from ray_ddp.storage import Storage, write_json
 
 # --- item 11: the progress poll ---------------------------------------------------------
 
@@ -37,7 +37,7 @@ def flaky(tmp_path, monkeypatch):
     (``handler.fail_opens``), each storage read tried once (no backoff to wait out)."""
     monkeypatch.setattr(storage, "RETRIES", 1)
     fs = flaky_fs(0, match="progress.json")
-    return StorageConfig(uri=str(tmp_path), fs=fs, path=str(tmp_path)), fs.handler, str(tmp_path)
+    return Storage(uri=str(tmp_path), fs=fs, path=str(tmp_path)), fs.handler, str(tmp_path)
 
 
 def fail_reads(handler, count):
