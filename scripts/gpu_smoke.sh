@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU path in one go, for whoever has a GPU machine: the GPU tests, then a short
+# Every GPU path in one go, for whoever has a GPU machine: the GPU tests (among them the
+# NCCL flight recorder's dump of a forced hang landing in <run>/hangs/), then a short
 # throughput run of a transformer-sized mlp (bf16) with achieved TFLOP/s, under DDP and
 # under FSDP, `ray-ddp doctor` (matmul TFLOP/s per GPU, NCCL bus bandwidth), ray-ddp
 # against torchrun (benchmarks/throughput.py --preset gpu), an HF GPT-2 small on its own

@@ -208,3 +208,28 @@ def test_launch_runs_torchrun_code_that_sets_cuda_local_rank(ray_gpu, tmp_path, 
     assert [(rank, visible.count(",") + 1, total) for rank, _, _, _, visible, _, total in said] \
         == [("0", 2, "3"), ("1", 2, "3")]
     assert sorted(local for _, _, local, *_ in said) == ["0", "1"]
+
+
+def test_a_hang_under_nccl_leaves_each_ranks_flight_recorder_in_the_runs_hangs_folder(ray_gpu, tmp_path):
+    """The hang watch under NCCL (--hang-timeout 10): the rank asleep in its forward is
+    named, and every rank's flight recorder, NCCL's own dump (``_dump_nccl_trace_json``),
+    lands in <run>/hangs/<step>/; with 2 GPUs, rank 0's shows the step's all-reduce its
+    peer never joined. The run stops (no --max-failures): one line, a TrainingError."""
+    import functools
+    import json
+
+    from user_models import hangs_on_schedule
+
+    workers = min(2, GPUS)
+    hung = workers - 1
+    cfg = TrainConfig(workers=workers, gpus_per_worker=1, epochs=1, steps_per_epoch=10, storage=str(tmp_path),
+                      name="nccl-hang", hang_timeout=10, wait_timeout=20, snapshot_every_steps=0, quiet=True)
+    with pytest.raises(ray_ddp.TrainingError):
+        run(cfg, model=functools.partial(hangs_on_schedule, str(tmp_path / "lives"), ((hung, "forward", 3),)))
+    [folder] = (tmp_path / "nccl-hang" / "hangs").iterdir()
+    for rank in range(workers):
+        record = json.loads((folder / f"rank-{rank}.collectives.json").read_text())
+        assert record["entries"] and all(e["profiling_name"].startswith("nccl:") for e in record["entries"])
+    assert (folder / f"rank-{hung}.txt").read_text().startswith(f"rank {hung}: NOT in a collective")
+    if workers == 2:
+        assert "not done" in (folder / "rank-0.txt").read_text()
