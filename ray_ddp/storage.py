@@ -27,7 +27,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ray_ddp.errors import ConfigError
-from ray_ddp.record.folder import RunFolder
 
 
 
@@ -41,10 +40,6 @@ class Storage:
 
     def run_path(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
-
-    def run_folder(self, name: str) -> RunFolder:
-        """The paths of run ``name``'s folder (record/folder.py names every file in it)."""
-        return RunFolder(self.run_path(name))
 
     def uri_of(self, *parts: str) -> str:
         """A place under the storage as the user can open it: a local path, or for a URI

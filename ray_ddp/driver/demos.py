@@ -22,7 +22,7 @@ from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.summary import RunSummary
 from ray_ddp.driver.run import run
-from ray_ddp.record.folder import METRICS_FILE
+from ray_ddp.record.folder import METRICS_FILE, run_folder
 from ray_ddp.storage import resolve_storage
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.models.builtin import ToyModel
@@ -74,7 +74,7 @@ def run_demo(name: str, workers: Optional[int] = None, storage: str = "~/ray_ddp
 
 def _metrics_rows(summary: RunSummary) -> list[dict]:
     store = resolve_storage(summary.path.rsplit("/", 1)[0])
-    table = read_metrics(store.fs, store.run_folder(summary.run))
+    table = read_metrics(run_folder(store, summary.run))
     if table is None:
         raise DemoFailed(f"run {summary.run} left no {METRICS_FILE}")
     return table.to_pylist()

@@ -25,30 +25,30 @@ from ray_ddp.storage import Storage
 from ray_ddp.worker.collectives import start_up_timeout_s
 
 
-def fold_metrics_after_fit(store: Storage, folder: RunFolder) -> None:
+def fold_metrics_after_fit(folder: RunFolder) -> None:
     """metrics.parquet with the parts this fit's callback appended. Where the storage
     fails here the parts stay, for the next fit to fold (every reader reads them
     meanwhile): it must not hide how the fit itself ended."""
     try:
-        fold_metrics(store.fs, folder)
+        fold_metrics(folder)
     except (StorageError, OSError):
         pass
 
 
-def drop_failed_trackers(tracking, store: Storage, run_path: str) -> None:
+def drop_failed_trackers(tracking, folder: RunFolder) -> None:
     """The trackers the fit's controller dropped, dropped here too (progress.json)."""
     try:
-        progress = read_progress(store, run_path)
+        progress = read_progress(folder)
     except StorageError:
         return
     if progress is not None and progress.trackers_failed:
         tracking.drop(progress.trackers_failed)
 
 
-def controller_events(store: Storage, run_path: str) -> list[Event]:
+def controller_events(folder: RunFolder) -> list[Event]:
     """The worker-group restarts the metrics callback saw within one fit (progress.json)."""
     try:
-        progress = read_progress(store, run_path)
+        progress = read_progress(folder)
     except StorageError:  # a failed read must not end a fit that succeeded (nor hide how one failed)
         return []
     return from_records(progress.events) if progress else []
@@ -85,7 +85,7 @@ def fit_on_ray(cfg: TrainConfig, store: Storage, placement: Placement,
     from ray_ddp.observe.callback import MetricsCallback
     from ray_ddp.observe.restarts import RestartRecorder
 
-    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.last_step,
+    metrics = MetricsCallback(plan.run.folder, cfg.epochs, plan.last_step,
                               keep=cfg.keep, keep_best=cfg.keep_best, trackers=tracking)
     trainer = RayDdpTrainer(
         train_loop_per_worker,
@@ -115,17 +115,17 @@ def fit_on_ray(cfg: TrainConfig, store: Storage, placement: Placement,
     try:
         trainer.fit()
     except TrainingFailedError as err:
-        raise _training_error(err, store.run_path(cfg.name), store) from None
+        raise _training_error(err, plan.run.folder) from None
     except SystemExit:
         # Ctrl-C: fit() installs Ray's SIGINT handler, which aborts the run gracefully and
         # then leaves fit() with SystemExit. Hand it on as what it was: an interrupt.
         raise KeyboardInterrupt from None
 
 
-def _training_error(err: Exception, run_path: str, store: Storage) -> TrainingError:
+def _training_error(err: Exception, folder: RunFolder) -> TrainingError:
     """One line for the user: the rank that explains the failure (a dead worker or node
     before the survivors' broken connections) and its cause."""
-    progress = read_progress(store, run_path) or Progress(0.0)
+    progress = read_progress(folder) or Progress(0.0)
     failures = getattr(err, "worker_failures", None) or {}
     if not failures:
         text = str(err).strip().splitlines()

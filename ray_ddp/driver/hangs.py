@@ -38,14 +38,14 @@ class HangMonitor:
     HangHandler that calls the actor and the ranks' nodes through Ray. ``hangs``: the
     events so far (where the run restarted from is filled in later)."""
 
-    def __init__(self, timeout_s: float, store, run_path: str, echo: Callable[[str], None],
+    def __init__(self, timeout_s: float, folder: RunFolder, echo: Callable[[str], None],
                  wait_s: Optional[float] = None):
         self.timeout_s, self.echo = timeout_s, echo
         self.hangs: list[Event] = []
         self.actor = start_watch(timeout_s, wait_s) if timeout_s > 0 else None
         self.handler = HangHandler(
-            call=self._call, run_path=run_path, echo=echo, declare=lambda event: self.hangs.append(event),
-            write=lambda folder, stacks: write_stacks(store.fs, folder, stacks), dump=dump_on_node,
+            call=self._call, folder=folder, echo=echo, declare=lambda event: self.hangs.append(event),
+            write=lambda path, stacks: write_stacks(folder.fs, path, stacks), dump=dump_on_node,
             kill=kill_on_node, alive=alive_on_node, any_alive=any_alive)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ray_ddp-hang-watch", daemon=True)
@@ -93,12 +93,12 @@ class HangHandler:
     before, the hung processes are killed (retried), and whatever call fails, the watch is
     never left asking. A group it could not end is watched again, and handled again."""
 
-    def __init__(self, call: Callable[..., Any], run_path: str, echo: Callable[[str], None],
+    def __init__(self, call: Callable[..., Any], folder: RunFolder, echo: Callable[[str], None],
                  declare: Callable[[Event], None], write: Callable[[str, dict], None],
                  dump: Callable[[dict], str], kill: Callable[[dict], None], alive: Callable[[dict], bool],
                  any_alive: Callable[[list], bool], stacks_wait_s: float = STACKS_WAIT_S,
                  trace_wait_s: float = TRACE_WAIT_S, dump_wait_s: float = DUMP_WAIT_S, kill_wait_s: float = 1.0):
-        self.call, self.run_path, self.echo, self.declare, self.write = call, run_path, echo, declare, write
+        self.call, self.folder, self.echo, self.declare, self.write = call, folder, echo, declare, write
         self.dump, self.kill, self.alive, self.any_alive = dump, kill, alive, any_alive
         self.stacks_wait_s, self.trace_wait_s = stacks_wait_s, trace_wait_s
         self.dump_wait_s, self.kill_wait_s = dump_wait_s, kill_wait_s
@@ -152,7 +152,7 @@ class HangHandler:
         stacks = self.collect_stacks(ranks)
         event = hang_event(stall, ranks, stacks)
         self.declare(event)  # before the write: a restart Ray Train makes while it runs is this hang's
-        folder = RunFolder(self.run_path).hangs(stall["step"])
+        folder = self.folder.hangs(stall["step"])
         try:
             self.write(folder, stacks)
             where = f"stacks in {folder}/"

@@ -15,6 +15,7 @@ from ray_ddp.config.workers import worker_range
 from ray_ddp.data.plan import DataShape, data_decides, global_batch_for
 from ray_ddp.plan import BatchPlan, RunPlan
 from ray_ddp.storage import Storage
+from ray_ddp.record.folder import run_folder
 
 
 def resolve(cfg: TrainConfig, data: Optional[DataShape], placement: Optional[Placement] = None,
@@ -29,7 +30,7 @@ def resolve(cfg: TrainConfig, data: Optional[DataShape], placement: Optional[Pla
         workers=f"{placement.min_workers}-{placement.workers}" if placement.elastic else placement.workers,
         gpus_per_worker=placement.gpus_per_worker, cpus_per_worker=placement.cpus_per_worker,
         backend=placement.backend)
-    folder = store.run_folder(cfg.name) if store is not None and cfg.name else None
+    folder = run_folder(store, cfg.name) if store is not None and cfg.name else None
     return RunPlan(config=cfg, batch=batch, folder=folder, **decided,
                    **(where or dict(workers=cfg.workers, gpus_per_worker=cfg.gpus_per_worker,
                                     cpus_per_worker=cfg.cpus_per_worker, backend=cfg.backend)))

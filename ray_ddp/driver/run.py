@@ -33,6 +33,7 @@ from ray_ddp.driver.start import StartState, find_start
 from ray_ddp.record.status import read_events
 from ray_ddp.driver.summary import RunSummary, write_summary
 from ray_ddp.driver.tracking import check_tracking, close_run_tracking, open_run_tracking
+from ray_ddp.record.folder import run_folder
 
 
 def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = None,
@@ -83,7 +84,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
                             model_loss=data_shape is not None and data_shape.hands_labels and loss is None,
                             tracking=tracking, ray_inputs=ray_inputs)
         except BaseException as err:
-            close_run_tracking(tracking, store, cfg, None, read_events(store, store.run_path(cfg.name)),
+            close_run_tracking(tracking, store, cfg, None, read_events(run_folder(store, cfg.name)),
                                "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", echo,
                                fit_over=isinstance(err, TrainingError))
             raise
@@ -99,7 +100,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
 
 def summary_of_complete_run(plan: RunPlan, store: Storage, start: StartState, started: float) -> RunSummary:
     """The summary of a run with nothing left to train: its own summary.json, marked so."""
-    summary = read_json(store.fs, store.run_folder(plan.config.name).summary)
+    summary = read_json(store.fs, run_folder(store, plan.config.name).summary)
     if summary is not None:
         return RunSummary(**{**summary, "already_complete": True})
     return write_summary(plan.run_config(), store, None, start.resumed_from, started)

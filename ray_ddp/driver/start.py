@@ -17,6 +17,7 @@ from ray_ddp.observe.summarize import early_stop_row
 from ray_ddp.plan import saved_run_config
 from ray_ddp.checkpoint.names import RESUME_KEYS
 from ray_ddp.config.choices import SHARDED_STRATEGIES
+from ray_ddp.record.folder import run_folder
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def find_start(cfg: TrainConfig, store: Storage, data_shape, echo: Callable[[str
                  f"{scan.meta['epoch']} of {cfg.epochs}; nothing to do (give a larger --early-stop "
                  "to train further)")
             complete = True
-    return StartState(scan, resumed_from, complete, read_run_id(store, store.run_path(cfg.name)) or new_run_id())
+    return StartState(scan, resumed_from, complete, read_run_id(run_folder(store, cfg.name)) or new_run_id())
 
 
 def ended_by_early_stop(cfg: TrainConfig, store: Storage, meta: dict[str, Any]) -> bool:
@@ -68,7 +69,7 @@ def ended_by_early_stop(cfg: TrainConfig, store: Storage, meta: dict[str, Any]) 
     if not saved or (cfg.early_stop is not None and cfg.early_stop > saved):
         return False
 
-    table = read_metrics(store.fs, store.run_folder(cfg.name))
+    table = read_metrics(run_folder(store, cfg.name))
     return early_stop_row(table, meta["step"]) is not None
 
 

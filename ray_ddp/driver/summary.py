@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import Placement
-from ray_ddp.record.folder import METRICS_FILE, PROFILE_FOLDER, RunFolder
+from ray_ddp.record.folder import METRICS_FILE, PROFILE_FOLDER, run_folder
 from ray_ddp.storage import Storage, read_table, write_json
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.plan import saved_run_config
@@ -117,7 +117,7 @@ def profile_folder(store: Storage, name: str) -> Optional[str]:
     """Where --profile's traces are, if any were written."""
     from pyarrow.fs import FileSelector
 
-    found = store.fs.get_file_info(FileSelector(store.run_folder(name).profile, allow_not_found=True))
+    found = store.fs.get_file_info(FileSelector(run_folder(store, name).profile, allow_not_found=True))
     return store.uri_of(name, PROFILE_FOLDER) if any(i.base_name.endswith(".pt.trace.json") for i in found) else None
 
 
@@ -125,12 +125,13 @@ def write_summary(cfg: TrainConfig, store: Storage, placement: Optional[Placemen
                    resumed_from: Optional[str], started: float,
                    marks: Optional[dict[str, float]] = None,
                    resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
-    run_path = store.run_path(cfg.name)
+    folder = run_folder(store, cfg.name)
+    run_path = folder.path
     scan = find_latest_checkpoint(store.fs, run_path)
     meta = scan.meta or {}
     saved_cfg = saved_run_config(meta)
-    table = read_metrics(store.fs, RunFolder(run_path))
-    evals = read_table(store.fs, RunFolder(run_path).evals)
+    table = read_metrics(folder)
+    evals = read_table(store.fs, folder.evals)
     validation = summarize_evals(evals.to_pylist() if evals is not None else [], run_path, store.fs,
                                  (lambda best: store.uri_of(cfg.name, best)) if cfg.keep_best else None)
     resumed_step = int(resumed_meta["step"]) if resumed_meta else 0
@@ -154,7 +155,7 @@ def write_summary(cfg: TrainConfig, store: Storage, placement: Optional[Placemen
         wall_samples_per_s=stats.get("wall_samples_per_s"),
         train_samples_per_s=stats.get("train_samples_per_s"),
         **{k: stats.get(k) for k in ("tokens_per_s", "data_wait_s", "data_wait_share", "grad_norm", "mfu")},
-        events=[e.to_dict() for e in read_events(store, run_path)],
+        events=[e.to_dict() for e in read_events(folder)],
         checkpoint=store.uri_of(cfg.name, scan.latest) if scan.latest else None,
         metrics=store.uri_of(cfg.name, METRICS_FILE) if table is not None else None,
         resumed_from=resumed_from,
@@ -169,5 +170,5 @@ def write_summary(cfg: TrainConfig, store: Storage, placement: Optional[Placemen
         profile=profile_folder(store, cfg.name),
         **validation,
     )
-    write_json(store.fs, RunFolder(run_path).summary, summary.to_dict())
+    write_json(store.fs, folder.summary, summary.to_dict())
     return summary

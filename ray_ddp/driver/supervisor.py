@@ -55,11 +55,11 @@ class FitSupervisor:
         self.objects, self.echo, self.fit = objects, echo, fit
         self.init_from, self.model_loss, self.tracking, self.ray_inputs = init_from, model_loss, tracking, ray_inputs
         self.cfg = run.run_config()  # the options the run trains with (status.json shows them)
-        self.run_path = run.folder.path
+        self.folder = run.folder  # the run's folder with its filesystem (record/folder.py)
         self.scan: CheckpointScan = start.scan
         self.restarts = RestartState()
         self.policy = RestartPolicyConfig(placement.elastic, self.cfg.max_failures, self.cfg.max_preemptions)
-        self.earlier = read_events(store, self.run_path)  # of the commands before this one
+        self.earlier = read_events(self.folder)  # of the commands before this one
         self.events: list[Event] = []
         self.pending: list[Event] = []
 
@@ -67,7 +67,7 @@ class FitSupervisor:
         """Fit until the run is complete (status "complete"), or ends: "failed" with the
         one line, "interrupted"; a bug or a storage failure never leaves "running"."""
         self._status("running", run_id=self.start.run_id)
-        self.monitor = HangMonitor(self.cfg.hang_timeout, self.store, self.run_path, self.echo, self.cfg.wait_timeout)
+        self.monitor = HangMonitor(self.cfg.hang_timeout, self.folder, self.echo, self.cfg.wait_timeout)
         try:
             while not self._fit_once():
                 pass
@@ -96,7 +96,7 @@ class FitSupervisor:
 
     def _fit(self) -> None:
         try:
-            with show_progress(self.store, self.run_path, self.echo, enabled=not self.cfg.quiet,
+            with show_progress(self.folder, self.echo, enabled=not self.cfg.quiet,
                                hangs=lambda: list(self.monitor.hangs)), \
                     train_controller_env(nccl_hang_env(self.placement.backend, self.cfg.hang_timeout)):
                 plan = plan_workers(self.run, self.scan, self.objects, self.init_from, self.model_loss,
@@ -108,21 +108,21 @@ class FitSupervisor:
             self._take_fit_events()
 
     def _take_fit_events(self) -> None:
-        told, self.pending = attribute_hangs(controller_events(self.store, self.run_path), self.monitor.take_hangs())
+        told, self.pending = attribute_hangs(controller_events(self.folder), self.monitor.take_hangs())
         self.events.extend(told)
         if self.tracking is not None:
-            drop_failed_trackers(self.tracking, self.store, self.run_path)
+            drop_failed_trackers(self.tracking, self.folder)
             for hang in (e for e in told if e.type == "hang"):
                 # the controller counted the restart of its event; the hang is the driver's
                 self.tracking.log_event(dataclasses.replace(hang, restarted=False))
-        fold_metrics_after_fit(self.store, self.run.folder)
+        fold_metrics_after_fit(self.folder)
 
     def _restart_or_raise(self, err: TrainingError) -> None:
         """The failed fit as an event; the run started again if decide_restart says so,
         else the failure raised with the reason."""
         if self.pending and err.failure is not None:  # the watch ended the group: say why
             err = TrainingError(self.pending[-1].cause.removeprefix("hang: "), err.failure, err.step)
-        self.scan = find_latest_checkpoint(self.store.fs, self.run_path, verify_crc=True)
+        self.scan = find_latest_checkpoint(self.folder.fs, self.folder.path, verify_crc=True)
         decision = self._decide(err)
         if decision is None:  # Ray's controller failed: no rank to name, nothing to decide
             raise err
@@ -145,7 +145,7 @@ class FitSupervisor:
         knows (those preempted, those the ranks ran on); None when no rank explains it."""
         if err.failure is None:
             return None
-        progress = read_progress(self.store, self.run_path) or Progress(0.0)
+        progress = read_progress(self.folder) or Progress(0.0)
         preempted = {n for p in progress.preemptions for n in str(p.get("node_id", "")).split(",") if n}
         run_nodes = {str(n) for n in progress.nodes.values() if n}
         return decide_restart(err.failure, self.policy, self.restarts, preempted, run_nodes, self.scan.latest)
@@ -158,7 +158,7 @@ class FitSupervisor:
     def _complete(self) -> None:
         """status "complete", with the table's story: its preemptions and resizes, earlier
         commands' too."""
-        table = read_metrics(self.store.fs, self.run.folder)
+        table = read_metrics(self.folder)
         stretches = world_stretches(table) if table is not None and table.num_rows else None
         events = merge_events(self.earlier + self.events, table_events(table.to_pylist(), stretches or [])) \
             if table is not None else self._all_events()
@@ -168,4 +168,4 @@ class FitSupervisor:
         return merge_events(self.earlier + self.events)
 
     def _status(self, state: str, **fields) -> None:
-        write_status(self.store, self.run_path, state, self.cfg, self.placement, **fields)
+        write_status(self.folder, state, self.cfg, self.placement, **fields)

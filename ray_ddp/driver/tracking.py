@@ -21,6 +21,7 @@ from ray_ddp.trackers.mlflow import INSTALL_HINT, check_server, open_mlflow
 from ray_ddp.trackers.ray_metrics import RayMetricsTracker
 from ray_ddp.trackers.tensorboard import TensorBoardTracker
 from ray_ddp.trackers.wandb import check_wandb, open_wandb
+from ray_ddp.record.folder import run_folder
 
 
 def check_tracking(cfg: TrainConfig) -> None:
@@ -69,7 +70,7 @@ def close_run_tracking(trackers: Optional[Trackers], store: Storage, cfg: TrainC
                                  MODEL_FILE)
         model = candidate if os.path.exists(candidate) else None
     trackers.finish(summary or {}, events, status, model, fit_over)
-    progress = read_progress(store, store.run_path(cfg.name))
+    progress = read_progress(run_folder(store, cfg.name))
     failed = dict.fromkeys(trackers.failed + (progress.trackers_failed if progress else []))
     for label in failed:
         echo(f"warning: {label} did not take all of run {cfg.name} (is it up, and reachable from the cluster?); "

@@ -21,8 +21,8 @@ from ray_ddp.observe.schema import unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report
 from ray_ddp.record.events import Event, to_records
-from ray_ddp.record.folder import Progress
-from ray_ddp.storage import resolve_storage, write_json
+from ray_ddp.record.folder import Progress, RunFolder
+from ray_ddp.storage import write_json
 from ray_ddp.trackers.base import Trackers, Window
 
 
@@ -31,9 +31,9 @@ class MetricsCallback(UserCallback):
     rows in storage before the next report), the validation table, progress.json, and the restarts and resizes
     it sees; passes the windows and events on to the run's trackers (trackers/)."""
 
-    def __init__(self, storage: str, name: str, epochs: int, total_steps: int,
+    def __init__(self, folder: RunFolder, epochs: int, total_steps: int,
                  keep: int = 0, keep_best: bool = False, trackers: Optional[Trackers] = None):
-        self.storage, self.name = storage, name
+        self.folder = folder  # made on the driver, its filesystem with it: never reopened here
         self.total_steps = total_steps
         self.epochs = epochs
         self.keep, self.keep_best = keep, keep_best  # with keep_best, Ray keeps all: we prune
@@ -53,10 +53,9 @@ class MetricsCallback(UserCallback):
             self._groups.settle(metrics[0]["group_started"])
             self._write_progress(self._progress_now(events=to_records(self._groups.events)))
             return
-        store = resolve_storage(self.storage)
-        folder = store.run_folder(self.name)
+        folder = self.folder
         windows = unpack_windows(metrics)
-        self._table.load(store.fs, folder)
+        self._table.load(folder)
         # Windows end on fixed steps, so a restarted worker group (or a resumed run)
         # re-reports the very steps it redoes: its rows replace the earlier attempt's.
         # a new group's first row says where it resumed: the steps after it are redone,
@@ -82,7 +81,7 @@ class MetricsCallback(UserCallback):
         # every report's rows reach storage before the next report: a failure, an
         # interruption or a killed driver loses none of the rows that explain it
         try:
-            self._table.write_rows(store.fs, folder, seal=checkpoint is not None)
+            self._table.write_rows(folder, seal=checkpoint is not None)
         except StorageError:
             if checkpoint is not None:  # a checkpoint's rows must be in storage with it
                 raise
@@ -90,9 +89,9 @@ class MetricsCallback(UserCallback):
             print(f"warning: ray_ddp could not write the metrics rows of step {progress.step} to storage; "
                   "trying again at the next report", flush=True)
         if any("val_loss" in window[0] for window in windows) or (checkpoint is not None and self._table.evals):
-            self._table.write_evals(store.fs, folder)
+            self._table.write_evals(folder)
         if checkpoint is not None and self.keep_best:
-            prune_checkpoints(store.fs, folder.path, self.keep, self._table.evals)
+            prune_checkpoints(folder.fs, folder.path, self.keep, self._table.evals)
 
     def _progress_after(self, windows: list[list[dict[str, Any]]], checkpoint, straggler) -> Progress:
         """progress.json after a report: its last window over every rank, and what this fit saw."""
@@ -154,9 +153,8 @@ class MetricsCallback(UserCallback):
 
     def _write_progress(self, progress: Progress) -> None:
         """progress.json whole; its ``time`` changes at each write (the driver polls it)."""
-        store = resolve_storage(self.storage)
         self._progress = progress
-        write_json(store.fs, store.run_folder(self.name).progress, progress.to_dict())
+        write_json(self.folder.fs, self.folder.progress, progress.to_dict())
 
     def after_exception(self, run_context, worker_exceptions) -> None:
         self.trackers.close()

@@ -50,7 +50,7 @@ class MetricsAppender:
         self._rows += [{c: r.get(c) for c in COLUMNS} for r in rows]
         self._from_step = first_step if self._from_step is None else min(self._from_step, first_step)
 
-    def write(self, fs: pafs.FileSystem, folder: RunFolder, seal: bool) -> None:
+    def write(self, folder: RunFolder, seal: bool) -> None:
         """The open part's rows to storage (nothing if none came since the last seal);
         ``seal`` (a checkpoint), or a full part: sealed, and the sealed parts folded into
         the table once they hold as many rows as it does."""
@@ -60,30 +60,30 @@ class MetricsAppender:
         table = table.replace_schema_metadata({FROM_STEP: str(self._from_step).encode()})
         if self._open_part is None:
             if self._next_part is None:
-                fs.create_dir(folder.metrics_parts, recursive=True)  # a local disk needs the folder
+                folder.fs.create_dir(folder.metrics_parts, recursive=True)  # a local disk needs the folder
                 # after the parts there (a restarted controller's callback starts afresh)
-                self._next_part = 1 + max((_part_number(p) for p in _part_paths(fs, folder)), default=-1)
+                self._next_part = 1 + max((_part_number(p) for p in _part_paths(folder)), default=-1)
             self._open_part, self._next_part = self._next_part, self._next_part + 1
-        write_table(fs, folder.metrics_part(self._open_part), table)
+        write_table(folder.fs, folder.metrics_part(self._open_part), table)
         if not seal and table.num_rows < SEAL_ROWS:
             return
         self._rows, self._from_step, self._open_part = [], None, None
         self.part_rows += table.num_rows
         if self.part_rows >= self.table_rows:
-            self.table_rows = fold_metrics(fs, folder)
+            self.table_rows = fold_metrics(folder)
             self.part_rows, self._next_part = 0, None  # the parts' folder is gone
 
 
-def read_metrics(fs: pafs.FileSystem, folder: RunFolder, parts: Optional[list[str]] = None,
+def read_metrics(folder: RunFolder, parts: Optional[list[str]] = None,
                  last: Optional[pa.Table] = None) -> Optional[pa.Table]:
     """The run's metrics: metrics.parquet with its parts applied in order (``parts``:
     their paths, if listed already), then ``last`` (a part not written); None if the run
     has none of them."""
     # the parts listed before the table is read: a fold in between leaves rows in the new
     # table that a part listed already holds too, and a part applies twice as once
-    parts = _part_paths(fs, folder) if parts is None else parts
-    table = read_table(fs, folder.metrics)
-    later = [read_table(fs, path) for path in parts]
+    parts = _part_paths(folder) if parts is None else parts
+    table = read_table(folder.fs, folder.metrics)
+    later = [read_table(folder.fs, path) for path in parts]
     for part in [p for p in later if p is not None] + ([last] if last is not None else []):  # None: folded meanwhile
         from_step = int((part.schema.metadata or {}).get(FROM_STEP, b"0"))
         part = part.replace_schema_metadata(None)
@@ -92,26 +92,26 @@ def read_metrics(fs: pafs.FileSystem, folder: RunFolder, parts: Optional[list[st
     return table
 
 
-def fold_metrics(fs: pafs.FileSystem, folder: RunFolder, last: Optional[pa.Table] = None) -> int:
+def fold_metrics(folder: RunFolder, last: Optional[pa.Table] = None) -> int:
     """Write the parts (and ``last``, a part not written) into metrics.parquet and
     delete them, by the one writer: the callback, or the driver once a fit has ended;
     the table's rows."""
-    parts = _part_paths(fs, folder)
+    parts = _part_paths(folder)
     if not parts and last is None:
-        table = read_table(fs, folder.metrics)
+        table = read_table(folder.fs, folder.metrics)
         return 0 if table is None else table.num_rows
-    table = read_metrics(fs, folder, parts, last)
-    write_table(fs, folder.metrics, table)  # atomic: a reader sees the old table or the new
+    table = read_metrics(folder, parts, last)
+    write_table(folder.fs, folder.metrics, table)  # atomic: a reader sees the old table or the new
     for path in parts:  # only those folded: one written since (a controller still alive) stays
-        fs.delete_file(path)
-    if parts and not _part_paths(fs, folder):
-        fs.delete_dir(folder.metrics_parts)
+        folder.fs.delete_file(path)
+    if parts and not _part_paths(folder):
+        folder.fs.delete_dir(folder.metrics_parts)
     return table.num_rows
 
 
-def _part_paths(fs: pafs.FileSystem, folder: RunFolder) -> list[str]:
+def _part_paths(folder: RunFolder) -> list[str]:
     """The parts, oldest first."""
-    found = fs.get_file_info(pafs.FileSelector(folder.metrics_parts, allow_not_found=True))
+    found = folder.fs.get_file_info(pafs.FileSelector(folder.metrics_parts, allow_not_found=True))
     return sorted(f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet"))
 
 

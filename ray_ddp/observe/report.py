@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 from ray_ddp.errors import ConfigError
 from ray_ddp.record.events import Event, where_restarted
 from ray_ddp.record.status import read_events
-from ray_ddp.record.folder import METRICS_FILE, RunFolder
+from ray_ddp.record.folder import METRICS_FILE, run_folder
 from ray_ddp.storage import Storage, read_table, resolve_storage
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.schema import rank_mean
@@ -82,7 +82,7 @@ def write_report(storage: str, name: str, out: Optional[str] = None) -> ReportSu
 
 def _read_rows(store: Storage, name: str) -> list[dict]:
     """The run's metrics rows; a run with none is the user's mistake, in one line."""
-    table = read_metrics(store.fs, RunFolder(store.run_path(name)))
+    table = read_metrics(run_folder(store, name))
     if table is None or table.num_rows == 0:
         raise ConfigError(f"run {name} has no {METRICS_FILE} under {store.uri}; "
                           "check the run name and --storage (ray-ddp runs lists them)")
@@ -101,7 +101,7 @@ def _plot_loss(plt: Any, save: Callable[[Any, str], None], store: Storage, name:
     ax.plot(steps, [float("nan") if m is None else m for m in means], label="mean over ranks")
     ax.fill_between(steps, [min(v) for v in losses], [max(v) for v in losses], alpha=0.3,
                     label="min-max over ranks")
-    evals = read_table(store.fs, RunFolder(store.run_path(name)).evals)
+    evals = read_table(store.fs, run_folder(store, name).evals)
     if evals is not None and evals.num_rows:  # validation beside training
         ax.plot(evals.column("step").to_pylist(), evals.column("loss").to_pylist(), "o-",
                 label="validation")
@@ -150,7 +150,7 @@ def _summarize(name: str, steps: list[int], by_rank: dict[int, list[dict]], mean
 
 def _events_of(store: Storage, name: str) -> list[Event]:
     """The run's events (status.json): lost workers, preemptions, resizes."""
-    return read_events(store, store.run_path(name))
+    return read_events(run_folder(store, name))
 
 
 def _report_target(store: Storage, name: str, out: Optional[str]):

@@ -23,16 +23,16 @@ class RunTable:
         self.worlds: Optional[list[tuple[int, int]]] = None  # None until read from storage
         self.evals: list[dict[str, Any]] = []
 
-    def load(self, fs, folder: RunFolder) -> None:
+    def load(self, folder: RunFolder) -> None:
         """What earlier commands (and this fit's earlier controller) left, once: each
         window's world size, and the validations (eval.parquet is small: rewritten whole)."""
         if self.worlds is not None:
             return
-        table = read_metrics(fs, folder)
+        table = read_metrics(folder)
         ranks = Counter([] if table is None else table.column("step").to_pylist())  # a row per rank per window
         self.worlds = sorted(ranks.items())
         self.rows.table_rows = 0 if table is None else table.num_rows
-        evals = read_table(fs, folder.evals)
+        evals = read_table(folder.fs, folder.evals)
         self.evals = [] if evals is None else evals.to_pylist()
 
     def world_before(self, first_step: int) -> Optional[tuple[int, int]]:
@@ -50,8 +50,8 @@ class RunTable:
             if "val_loss" in window[0]:
                 self.evals.append(eval_row(window[0]))
 
-    def write_rows(self, fs, folder: RunFolder, seal: bool) -> None:
-        self.rows.write(fs, folder, seal=seal)
+    def write_rows(self, folder: RunFolder, seal: bool) -> None:
+        self.rows.write(folder, seal=seal)
 
-    def write_evals(self, fs, folder: RunFolder) -> None:
-        write_table(fs, folder.evals, pa.Table.from_pylist(self.evals, schema=EVAL_SCHEMA))
+    def write_evals(self, folder: RunFolder) -> None:
+        write_table(folder.fs, folder.evals, pa.Table.from_pylist(self.evals, schema=EVAL_SCHEMA))

@@ -12,7 +12,7 @@ from ray_ddp.errors import ConfigError
 from ray_ddp.record.events import count_restarts, from_records
 from ray_ddp.record.status import read_status
 from ray_ddp.record.progress import read_progress
-from ray_ddp.record.folder import Progress
+from ray_ddp.record.folder import Progress, run_folder
 from ray_ddp.storage import Storage, resolve_storage
 from ray_ddp.errors import StorageError
 
@@ -57,15 +57,16 @@ def list_runs(storage: str, now: Optional[float] = None) -> list[RunListing]:
 
 
 def describe_run(store: Storage, name: str, now: float) -> Optional[RunListing]:
-    run_path = store.run_path(name)
+    folder = run_folder(store, name)
+    run_path = folder.path
     try:
-        status = read_status(store, run_path)
+        status = read_status(folder)
     except StorageError:
         return None  # unreadable
     if status is None:
         return None  # not a ray_ddp run folder, or not a status ray_ddp wrote (it writes them whole)
     try:
-        progress = read_progress(store, run_path) or Progress(0.0)
+        progress = read_progress(folder) or Progress(0.0)
     except StorageError:
         progress = Progress(0.0)  # the listing shows what it can
     scan = find_latest_checkpoint(store.fs, run_path)

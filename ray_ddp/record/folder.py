@@ -1,9 +1,11 @@
 """A run's folder: every file and folder ray_ddp keeps in it, named in one place.
 
 Used on the driver, in Ray Train's controller (the metrics callback) and on workers
-(validation's table, ``--profile``'s traces). Names and schemas only (``Status``,
-``Progress``):
-reading and writing go through ``storage.py``, whatever the filesystem.
+(validation's table, ``--profile``'s traces). A ``RunFolder`` is one run's folder with
+its filesystem: the one way a run is addressed, made once on the driver (``run_folder``)
+and carried in the RunPlan to the controller and the workers (pyarrow's filesystems
+pickle), never reopened from a string. Names and schemas here (``Status``,
+``Progress``); reading and writing go through ``storage.py``, whatever the filesystem.
 
     <storage>/<run>/
       status.json       where the run stands, what `ray-ddp runs` shows (record/status.py)
@@ -24,7 +26,12 @@ reading and writing go through ``storage.py``, whatever the filesystem.
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # names only here: the filesystem comes from storage.py
+    import pyarrow.fs as pafs
+
+    from ray_ddp.storage import Storage
 
 STATUS_FILE = "status.json"
 PROGRESS_FILE = "progress.json"
@@ -39,9 +46,11 @@ WANDB_FILE = "wandb.json"
 
 @dataclass(frozen=True)
 class RunFolder:
-    """The paths of one run's folder; ``path`` is the folder inside its storage's
-    filesystem (``Storage.run_path``; ``Storage.run_folder`` makes one)."""
+    """One run's folder: its storage's filesystem, the folder's path inside it
+    (``Storage.run_path``), and the path of every file and folder in it (``run_folder``
+    makes one)."""
 
+    fs: "pafs.FileSystem"
     path: str
 
     def _in(self, name: str) -> str:
@@ -86,6 +95,11 @@ class RunFolder:
     def hangs(self, step: int) -> str:
         """Where the hang watch keeps what it saw of a hang after ``step``."""
         return self._in(f"{HANGS_FOLDER}/{step}")
+
+
+def run_folder(store: "Storage", name: str) -> RunFolder:
+    """Run ``name``'s folder in ``store``."""
+    return RunFolder(store.fs, store.run_path(name))
 
 
 def _known_fields(cls, data: Any, required: str, kind: type, file: str) -> dict[str, Any]:

@@ -21,15 +21,15 @@ from typing import Any, Callable, Iterator, Optional
 from ray_ddp.record.events import Event, attribute_hangs, from_records, steps_to_redo, where_restarted
 from ray_ddp.record.folder import Progress, RunFolder
 from ray_ddp.errors import StorageError
-from ray_ddp.storage import Storage, read_json
+from ray_ddp.storage import read_json
 
 
-def read_progress(store: Storage, run_path: str) -> Optional[Progress]:
+def read_progress(folder: RunFolder) -> Optional[Progress]:
     """The run's progress.json, or None: none yet, or a file that is not one (it is
     written atomically, so only one someone else put there). A storage that cannot be
     read raises StorageError."""
     try:
-        return Progress.from_dict(read_json(store.fs, RunFolder(run_path).progress))
+        return Progress.from_dict(read_json(folder.fs, folder.progress))
     except ValueError:
         return None
 
@@ -122,7 +122,7 @@ class _Bar:
 
 
 @contextmanager
-def show_progress(store: Storage, run_path: str, echo: Callable[[str], None],
+def show_progress(folder: RunFolder, echo: Callable[[str], None],
                   enabled: bool, terminal: Optional[bool] = None,
                   every_s: float = 1.0, hangs: Callable[[], list[Event]] = list) -> Iterator[None]:
     """Poll progress.json until the block ends, showing each new report. ``hangs``: the
@@ -133,7 +133,7 @@ def show_progress(store: Storage, run_path: str, echo: Callable[[str], None],
         return
     if terminal is None:
         terminal = echo is print and sys.stdout.isatty()
-    display = _Display(store, run_path, echo, _Bar() if terminal else None, hangs)
+    display = _Display(folder, echo, _Bar() if terminal else None, hangs)
     say = _warn_once(display.write)
     stop = threading.Event()
 
@@ -158,11 +158,11 @@ def show_progress(store: Storage, run_path: str, echo: Callable[[str], None],
 class _Display:
     """What the poll has shown so far, and the showing of each new progress.json."""
 
-    def __init__(self, store: Storage, run_path: str, echo: Callable[[str], None],
+    def __init__(self, folder: RunFolder, echo: Callable[[str], None],
                  bar: Optional[_Bar], hangs: Callable[[], list[Event]]) -> None:
         """Take what progress.json already holds as shown."""
-        self.store, self.run_path, self.echo, self.bar, self.hangs = store, run_path, echo, bar, hangs
-        seen = _read_for_display(store, run_path)  # a resumed run's old file: not news
+        self.folder, self.echo, self.bar, self.hangs = folder, echo, bar, hangs
+        seen = _read_for_display(folder)  # a resumed run's old file: not news
         self.last_time = seen.time if seen else None
         self.warned: set[tuple[int, int]] = set()
         self.told = len(seen.preemptions) if seen else 0  # preemptions already printed
@@ -180,7 +180,7 @@ class _Display:
     def show_new(self) -> None:
         """Show what progress.json holds that was not shown yet: a straggler warning,
         preemption checkpoints, restarts and resizes, then the report itself."""
-        p = _read_for_display(self.store, self.run_path)
+        p = _read_for_display(self.folder)
         if p is None or p.time == self.last_time:
             return
         self.last_time = p.time
@@ -237,11 +237,11 @@ class _Display:
             self.write(format_early_stop(p.early_stop))
 
 
-def _read_for_display(store: Storage, run_path: str) -> Optional[Progress]:
+def _read_for_display(folder: RunFolder) -> Optional[Progress]:
     """read_progress, None where the storage fails: the display shows what it can read,
     and the next poll (or the last read) reads the file again."""
     try:
-        return read_progress(store, run_path)
+        return read_progress(folder)
     except StorageError:
         return None
 

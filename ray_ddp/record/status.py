@@ -10,28 +10,28 @@ from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import Placement
 from ray_ddp.record.events import Event, from_records, to_records
 from ray_ddp.record.folder import RunFolder, Status
-from ray_ddp.storage import Storage, read_json, write_json
+from ray_ddp.storage import read_json, write_json
 
 
-def read_status(store: Storage, run_path: str) -> Optional[Status]:
+def read_status(folder: RunFolder) -> Optional[Status]:
     """The run's status.json, or None: no such file, or one that is not a status (not
     JSON, no state). A storage that cannot be read raises StorageError."""
     try:
-        return Status.from_dict(read_json(store.fs, RunFolder(run_path).status))
+        return Status.from_dict(read_json(folder.fs, folder.status))
     except ValueError:
         return None
 
 
-def read_events(store: Storage, run_path: str) -> list[Event]:
+def read_events(folder: RunFolder) -> list[Event]:
     """The events status.json holds from earlier commands of the run."""
-    status = read_status(store, run_path)
+    status = read_status(folder)
     return from_records(status.events) if status else []
 
 
-def read_run_id(store: Storage, run_path: str) -> Optional[str]:
+def read_run_id(folder: RunFolder) -> Optional[str]:
     """The run folder's own id (status.json ``run_id``), or None: a new folder, or one
     written before run ids were kept."""
-    run_id = status.run_id if (status := read_status(store, run_path)) else None
+    run_id = status.run_id if (status := read_status(folder)) else None
     return run_id if isinstance(run_id, str) and run_id.isalnum() else None
 
 
@@ -39,7 +39,7 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def write_status(store: Storage, run_path: str, state: str, cfg: TrainConfig,
+def write_status(folder: RunFolder, state: str, cfg: TrainConfig,
                  placement: Placement, error: Optional[str] = None,
                  stretches: Optional[list[dict[str, int]]] = None,
                  events: Optional[list[Event]] = None, run_id: Optional[str] = None) -> None:
@@ -49,8 +49,8 @@ def write_status(store: Storage, run_path: str, state: str, cfg: TrainConfig,
     the world-size stretches until a finished run gives new ones, and the events until
     new ones are given (every event of the run so far: record/events.py). Reads nothing
     else, so a failure path can always write it."""
-    store.fs.create_dir(run_path, recursive=True)
-    old = read_status(store, run_path) or Status(state)  # not a status: start the record afresh
+    folder.fs.create_dir(folder.path, recursive=True)
+    old = read_status(folder) or Status(state)  # not a status: start the record afresh
     now = time.time()
     stretches = old.world_sizes if stretches is None else stretches
     status = Status(
@@ -58,4 +58,4 @@ def write_status(store: Storage, run_path: str, state: str, cfg: TrainConfig,
         world_size=stretches[-1]["world_size"] if stretches else placement.workers, workers=cfg.workers,
         world_sizes=stretches, gpus_per_worker=placement.gpus_per_worker, model=cfg.model, error=error,
         events=old.events if events is None else to_records(events))
-    write_json(store.fs, RunFolder(run_path).status, status.to_dict())
+    write_json(folder.fs, folder.status, status.to_dict())

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ray_ddp.record.events import Event
+from ray_ddp.record.folder import run_folder
 from ray_ddp.errors import ConfigError
 from ray_ddp.storage import read_json, resolve_storage, write_json
 from ray_ddp.trackers.base import Tracker, Window
@@ -77,7 +78,7 @@ def open_wandb(cfg, identity: str, storage) -> "WandbTracker":
     """The run's W&B run with the config as resolved for this cluster (the same run a
     resume of this run folder continues). One-line ConfigError when W&B refuses it."""
     check_wandb(cfg)
-    folder = storage.run_folder(cfg.name)
+    folder = run_folder(storage, cfg.name)
     if storage.is_local:
         local = storage.path_on_disk(cfg.name)
     else:  # W&B writes to a local disk: its files are a cache, the run folder has the record
@@ -114,7 +115,7 @@ class WandbTracker(Tracker):
     def resume(self) -> "WandbTracker":
         """How far the earlier fits' controllers logged (wandb.json): a new one goes on from there."""
         store = resolve_storage(self.run.storage)
-        cursor = read_json(store.fs, store.run_folder(self.run.name).wandb) or {}
+        cursor = read_json(store.fs, run_folder(store, self.run.name).wandb) or {}
         logged = max(self.run.logged_until, int(cursor.get("logged_until") or 0))
         return WandbTracker(dataclasses.replace(self.run, logged_until=logged))
 
@@ -138,7 +139,7 @@ class WandbTracker(Tracker):
 
     def save_cursor(self) -> None:
         store = resolve_storage(self.run.storage)
-        write_json(store.fs, store.run_folder(self.run.name).wandb,
+        write_json(store.fs, run_folder(store, self.run.name).wandb,
                    {"run_id": self.run.run_id, "project": self.run.project, "entity": self.run.entity,
                     "group": self.run.group, "logged_until": self.run.logged_until})
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import ConfigError
-from ray_ddp.record.folder import RunFolder
+from ray_ddp.record.folder import RunFolder, run_folder
 from ray_ddp.storage import read_json, read_table, resolve_storage, write_json, write_table
 from ray_ddp.cluster.runtime_env import user_module_paths
 from ray_ddp.tune.space import TuneConfig, max_epochs, pick_candidates, sample_space, trial_config
@@ -60,7 +60,7 @@ def train_trial(params: dict[str, Any], tc: TuneConfig, storage: str, search: st
     cfg = trial_config(tc, params, storage=f"{storage.rstrip('/')}/{search}", name=trial_name(index))
 
     store = resolve_storage(cfg.storage)
-    evals = store.run_folder(cfg.name).evals
+    evals = run_folder(store, cfg.name).evals
     # A restored trial reports again what its run validated in its first life: ASHA skips
     # a rung it has already recorded, and a run that had finished gets its final result.
     told: list[dict[str, Any]] = []
@@ -250,15 +250,15 @@ def collect_trials(tc: TuneConfig, name: str, trials: list, store, root: str) ->
     rows = []
     for trial in trials:
         index = trial_index(trial)
-        run_path = f"{root}/{trial_name(index)}"
-        summary = read_json(store.fs, RunFolder(run_path).summary) or {}
+        folder = RunFolder(store.fs, f"{root}/{trial_name(index)}")
+        summary = read_json(store.fs, folder.summary) or {}
         last = trial.last_result or {}
         ran = int(last.get("epoch") or 0)
         ended = trial.status in ("TERMINATED", "ERROR")
         epochs = int(trial.config.get("epochs") or max_epochs(tc))
         stopped = trial.status == "TERMINATED" and ran < epochs and not summary.get("early_stopped")
         if stopped and not summary:
-            _mark_stopped(store, run_path)
+            _mark_stopped(folder)
         rows.append({"trial": index, **{k: trial.config.get(k) for k in tc.search},
                      "val_loss": last.get("val_loss"), "val_accuracy": last.get("val_accuracy"),
                      "val_perplexity": last.get("val_perplexity"),
@@ -266,30 +266,30 @@ def collect_trials(tc: TuneConfig, name: str, trials: list, store, root: str) ->
                      "error": error_line(trial) if trial.status == "ERROR" else None,
                      "run": store.uri_of(name, trial_name(index)),
                      "checkpoint": summary.get("best_checkpoint") or summary.get("checkpoint")
-                     or _latest_checkpoint(store, run_path)})
+                     or _latest_checkpoint(folder)})
     # best first by the search's metric (val_loss, or the task's)
     rows.sort(key=lambda r: (r[tc.metric] is None, (r[tc.metric] or 0) * (1 if tc.mode == "min" else -1)))
     return rows
 
 
-def _latest_checkpoint(store, run_path: str) -> Optional[str]:
-    latest = find_latest_checkpoint(store.fs, run_path).latest
-    return f"{run_path}/{latest}" if latest else None
+def _latest_checkpoint(folder: RunFolder) -> Optional[str]:
+    latest = find_latest_checkpoint(folder.fs, folder.path).latest
+    return f"{folder.path}/{latest}" if latest else None
 
 
-def _mark_stopped(store, run_path: str, settle_s: float = 5.0) -> None:
+def _mark_stopped(folder: RunFolder, settle_s: float = 5.0) -> None:
     """A trial ASHA stopped was killed mid-run: its status says so, and a rerun resumes it.
     Tune ends the actor asynchronously, and its run may write "failed" on its way down a
     moment after: a status still "running" gets ``settle_s`` to take that last write."""
-    status = read_status(store, run_path)
+    status = read_status(folder)
     deadline = time.monotonic() + settle_s
     while status is not None and status.state == "running" and time.monotonic() < deadline:
         time.sleep(0.2)
-        status = read_status(store, run_path)
+        status = read_status(folder)
     # killed mid-run ("running"), or failing on its way down as Tune ended its actor
     if status is not None and status.state in ("running", "failed"):
         stopped = dataclasses.replace(status, state="interrupted", error="stopped early by ASHA", updated=time.time())
-        write_json(store.fs, RunFolder(run_path).status, stopped.to_dict())
+        write_json(folder.fs, folder.status, stopped.to_dict())
 
 
 def write_results(store, root: str, rows: list[dict[str, Any]]) -> None:

@@ -144,9 +144,9 @@ class WorkerRun:
                                  parts.strategy.checkpoint_writer(session, rank),
                                  save_every_s=cfg.checkpoint_every_minutes * 60 if cfg.checkpoint_every_minutes else None)
         self.heartbeat = heartbeat
-        self.profile = ProfileState(cfg.profile, rank, cfg.storage, cfg.name, device)
+        self.profile = ProfileState(cfg.profile, rank, plan.run.folder, device)
         self.validator = Validator(cfg, val_set, task, parts, rank, cut.world, collective,
-                                   on_batch=heartbeat.tick)
+                                   on_batch=heartbeat.tick, folder=plan.run.folder)
         self.validator.resume_early_stop(state.step)  # --early-stop's count survives a resume
         self.preemptions = PreemptionState()
         self.window = WindowState.start(device, parts.devices[-1])

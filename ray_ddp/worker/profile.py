@@ -18,16 +18,15 @@ from typing import Optional
 import torch
 
 from ray_ddp.config.checks import parse_profile_steps
-from ray_ddp.storage import resolve_storage
+from ray_ddp.record.folder import RunFolder
 
 
 class ProfileState:
     """Whether this rank is profiling, and the trace it writes when the range ends."""
 
-    def __init__(self, spec: Optional[str], rank: int, storage: str, run_name: str,
-                 device: torch.device):
+    def __init__(self, spec: Optional[str], rank: int, folder: Optional[RunFolder], device: torch.device):
         self.range = parse_profile_steps(spec) if spec else None
-        self.rank, self.storage, self.run_name, self.device = rank, storage, run_name, device
+        self.rank, self.folder, self.device = rank, folder, device  # folder: the run's, where traces go
         self._profiler = None
         self._step_mark = None  # the record_function that names the step in the trace
         self.written: Optional[str] = None  # the trace's path in run storage
@@ -69,15 +68,14 @@ class ProfileState:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the steps' kernels end inside the trace
         profiler.stop()
-        store = resolve_storage(self.storage)
-        folder = store.run_folder(self.run_name).profile
+        fs, folder = self.folder.fs, self.folder.profile
         # the profiler writes a local file; run storage may be a bucket
         with tempfile.TemporaryDirectory() as tmp:
             local = os.path.join(tmp, "trace.json")
             profiler.export_chrome_trace(local)
-            store.fs.create_dir(folder, recursive=True)
+            fs.create_dir(folder, recursive=True)
             self.written = f"{folder}/rank-{self.rank}.pt.trace.json"
-            with open(local, "rb") as src, store.fs.open_output_stream(self.written) as dst:
+            with open(local, "rb") as src, fs.open_output_stream(self.written) as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
         self.range = None  # once per run attempt: a restart inside the range does not redo it

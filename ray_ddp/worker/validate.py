@@ -22,7 +22,8 @@ from ray_ddp.data.inputs import ValSet
 from ray_ddp.tasks.builtin import Task
 from ray_ddp.tasks.batches import batch_rows, first_row, forward, to_device
 from ray_ddp.worker.parts import TrainParts
-from ray_ddp.storage import read_table, resolve_storage
+from ray_ddp.storage import read_table
+from ray_ddp.record.folder import RunFolder
 
 
 class Validator:
@@ -32,8 +33,9 @@ class Validator:
 
     def __init__(self, cfg, val_set: Optional[ValSet], task: Task, parts: TrainParts, rank: int,
                  world_size: int, collective_device: torch.device,
-                 on_batch: Callable[[], None] = lambda: None):
+                 on_batch: Callable[[], None] = lambda: None, folder: Optional[RunFolder] = None):
         self.cfg, self.val_set, self.task, self.parts = cfg, val_set, task, parts
+        self.folder = folder  # the run's folder: eval.parquet, where --early-stop's count is kept
         self.on_batch = on_batch  # the hang watch's heartbeat: a long validation is progress
         self.rank, self.world_size, self.collective_device = rank, world_size, collective_device
         self.early_stop = EarlyStop(cfg.early_stop) if cfg.early_stop else None
@@ -50,7 +52,7 @@ class Validator:
         every rank counts from the same history even if the file changes meanwhile."""
         if self.early_stop is None or step == 0:
             return
-        rows = [read_eval_history(self.cfg, step) if self.rank == 0 else None]
+        rows = [read_eval_history(self.folder, step) if self.rank == 0 else None]
         dist.broadcast_object_list(rows, src=0)
         self.early_stop.replay(rows[0])
 
@@ -140,10 +142,9 @@ class EarlyStop:
             self.update(row["loss"], row["epoch"])
 
 
-def read_eval_history(cfg, step: int) -> list[dict[str, Any]]:
+def read_eval_history(folder: RunFolder, step: int) -> list[dict[str, Any]]:
     """eval.parquet's rows up to global step ``step`` (later rows belong to checkpoints
     that were not resumed from: a redone stretch replaces them)."""
-    store = resolve_storage(cfg.storage)
-    table = read_table(store.fs, store.run_folder(cfg.name).evals)
+    table = read_table(folder.fs, folder.evals)
     rows = table.select(["epoch", "step", "loss"]).to_pylist() if table is not None else []
     return [r for r in rows if r["step"] <= step]

@@ -85,7 +85,7 @@ def fit_on_gloo(cfg, store, placement, plan, objects, tracking=None, ray_inputs=
     from ray_ddp.observe.callback import MetricsCallback
 
     assert ray_inputs is None, "Ray Data runs on Ray only"
-    metrics = MetricsCallback(store.uri, cfg.name, cfg.epochs, plan.last_step,
+    metrics = MetricsCallback(plan.run.folder, cfg.epochs, plan.last_step,
                               keep=cfg.keep, keep_best=cfg.keep_best, trackers=tracking)
     world = placement.workers
     ctx = rank_context()

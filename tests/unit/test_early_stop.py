@@ -22,11 +22,12 @@ from ray_ddp.driver.summary import write_summary
 from ray_ddp.models.builtin import ToyModel
 from ray_ddp.observe.schema import EVAL_SCHEMA, SCHEMA
 from ray_ddp.observe.summarize import early_stop_row, summarize_report
-from ray_ddp.record.folder import EVAL_FILE, METRICS_FILE
+from ray_ddp.record.folder import EVAL_FILE, METRICS_FILE, RunFolder
 from ray_ddp.storage import resolve_storage, write_json, write_table
 from ray_ddp.worker.loop import is_final_save
 from ray_ddp.worker.validate import EarlyStop, Validator
 from ray_ddp.plan import BatchPlan
+from ray_ddp.record.folder import run_folder
 
 
 def test_the_count_resets_only_on_a_lower_val_loss():
@@ -64,6 +65,11 @@ def run_cfg(tmp_path, **kw) -> TrainConfig:
                        **{"early_stop": 2, **kw})
 
 
+def es_folder(tmp_path):
+    """run_cfg's run folder."""
+    return run_folder(resolve_storage(str(tmp_path)), "es")
+
+
 def write_evals(tmp_path, losses, start_epoch=1):
     store = resolve_storage(str(tmp_path))
     rows = [{"epoch": e, "step": 10 * e, "samples": 100, "loss": loss, "accuracy": None,
@@ -76,17 +82,17 @@ def test_a_resume_counts_on_from_the_validations_up_to_its_checkpoint(one_rank_g
     # epochs 1..4; the run resumes from epoch 3's checkpoint (step 30): epoch 4's row
     # belongs to a stretch that is redone, and is not counted
     write_evals(tmp_path, [0.5, 0.6, 0.7, 0.4])
-    validator = Validator(run_cfg(tmp_path, early_stop=3), None, None, None, 0, 1, torch.device("cpu"))
+    validator = Validator(run_cfg(tmp_path, early_stop=3), None, None, None, 0, 1, torch.device("cpu"), folder=es_folder(tmp_path))
     validator.resume_early_stop(30)
     assert (validator.early_stop.stale, validator.early_stop.best, validator.early_stop.best_epoch) == (2, 0.5, 1)
     assert not validator.stopped
-    again = Validator(run_cfg(tmp_path), None, None, None, 0, 1, torch.device("cpu"))
+    again = Validator(run_cfg(tmp_path), None, None, None, 0, 1, torch.device("cpu"), folder=es_folder(tmp_path))
     again.resume_early_stop(30)  # --early-stop 2 was reached at that checkpoint: nothing more to train
     assert again.stopped
-    fresh = Validator(run_cfg(tmp_path), None, None, None, 0, 1, torch.device("cpu"))
+    fresh = Validator(run_cfg(tmp_path), None, None, None, 0, 1, torch.device("cpu"), folder=es_folder(tmp_path))
     fresh.resume_early_stop(0)  # a new run reads nothing
     assert fresh.early_stop.stale == 0
-    off = Validator(run_cfg(tmp_path, early_stop=None), None, None, None, 0, 1, torch.device("cpu"))
+    off = Validator(run_cfg(tmp_path, early_stop=None), None, None, None, 0, 1, torch.device("cpu"), folder=es_folder(tmp_path))
     off.resume_early_stop(30)
     assert off.early_stop is None and not off.stopped
 
@@ -101,7 +107,8 @@ def test_validation_rows_carry_the_count(one_rank_group, tmp_path):
     parts = SimpleNamespace(model=model, devices=[torch.device("cpu")], autocast=nullcontext,
                             strategy=SimpleNamespace(forward_is_collective=False), last_row=None)
     val = ValSet(8, lambda idx: (torch.ones(len(idx), 10), torch.ones(len(idx), 5)))
-    validator = Validator(run_cfg(tmp_path), val, build_task("regression", 8), parts, 0, 1, torch.device("cpu"))
+    validator = Validator(run_cfg(tmp_path), val, build_task("regression", 8), parts, 0, 1, torch.device("cpu"),
+                          folder=es_folder(tmp_path))
     rows = [validator.validate(epoch) for epoch in (1, 2, 3)]
     assert [r["val_loss"] for r in rows] == [1.0, 1.0, 1.0]
     assert [r["early_stopped"] for r in rows] == [False, False, True] and validator.stopped
@@ -132,7 +139,7 @@ def test_the_report_that_stops_says_so_in_one_line(tmp_path):
     # the driver prints it after the report's progress line
     store = resolve_storage(str(tmp_path))
     lines = []
-    with show_progress(store, str(tmp_path), lines.append, enabled=True, every_s=0.05):
+    with show_progress(RunFolder(store.fs, str(tmp_path)), lines.append, enabled=True, every_s=0.05):
         write_json(store.fs, f"{tmp_path}/progress.json", {**progress, "time": time.time(), "straggler": None})
     assert lines[-1] == line and lines[-2].startswith("epoch 3/10  step 30/100")
 
@@ -209,7 +216,7 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
     worker.snapshots = Snapshotter(None, worker.parts, worker.state, {}, 0, 1, worker.reporter)  # off
     worker.snapshot_agreed = False
     worker.heartbeat = Heartbeat(None, 0, "node", "127.0.0.1", 1.0)  # no watch: no thread
-    worker.profile = ProfileState(None, 0, "unused", "unused", torch.device("cpu"))
+    worker.profile = ProfileState(None, 0, None, torch.device("cpu"))
     validator = Validator(cfg, None, None, None, 0, 1, torch.device("cpu"))
     validator.should_validate = lambda epoch_done, step, last=False: epoch_done > 0
     validator.validate = lambda epoch_done: {"val_time_s": 0.0, **validator.early_stop.update(1.0, epoch_done)}

@@ -23,6 +23,7 @@ from ray_ddp.record.events import hang_event
 from ray_ddp.driver.hang_state import WatchState
 from ray_ddp.driver.hangs import HangHandler, end_group, gather_dumps
 from ray_ddp.errors import ConfigError
+from ray_ddp.record.folder import RunFolder
 from ray_ddp.worker.heartbeat import capture_stacks, classify_frame
 
 
@@ -305,7 +306,8 @@ def _handler(tmp_path, watch, ranks, lines, fail=(), lose_reply=(), answering=()
         return result
 
     found: list = []
-    options = dict(call=call, run_path=str(tmp_path), echo=lines.append, declare=found.append,
+    options = dict(call=call, folder=RunFolder(LocalFileSystem(), str(tmp_path)), echo=lines.append,
+                   declare=found.append,
                    write=lambda folder, stacks: write_stacks(LocalFileSystem(), folder, stacks),
                    dump=ranks.dump, kill=ranks.kill, alive=ranks.alive, any_alive=lambda rs: True,
                    stacks_wait_s=0.0, trace_wait_s=0.0, kill_wait_s=0.0)

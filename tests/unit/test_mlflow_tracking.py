@@ -14,6 +14,8 @@ from servers import free_port
 from ray_ddp.errors import ConfigError
 from ray_ddp.record.events import Event
 from ray_ddp.trackers.mlflow import MlflowRun, finish_tracking, log_events, log_window, open_tracking
+from ray_ddp.record.folder import run_folder
+from ray_ddp.storage import resolve_storage
 
 
 def test_unreachable_server_is_one_line_in_seconds():
@@ -59,11 +61,11 @@ def test_a_fit_after_a_driver_restart_does_not_log_the_redone_steps_again(tmp_pa
         callback.after_report(None, [row], None)
 
     trackers = Trackers([MlflowTracker(at_start)])
-    first = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, trackers=trackers)
+    first = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=1, total_steps=30, trackers=trackers)
     for step in (5, 10, 15):
         report(first, step, 1.0)
     # the driver resumes the trackers it opened (its copy never saw the controller's steps)
-    second = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, trackers=trackers.resume())
+    second = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=1, total_steps=30, trackers=trackers.resume())
     for step in (15, 20):  # redone from step 10's checkpoint, then new
         report(second, step, 2.0)
     history = _client(at_start.uri).get_metric_history(at_start.run_id, "loss")

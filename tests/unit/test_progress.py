@@ -7,7 +7,7 @@ from contextlib import redirect_stdout
 
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.record.progress import read_progress, show_progress
-from ray_ddp.record.folder import Progress
+from ray_ddp.record.folder import Progress, RunFolder
 from ray_ddp.storage import resolve_storage, write_json
 
 
@@ -40,7 +40,7 @@ def progress(step, **extra):
 def test_plain_lines_when_not_a_terminal(tmp_path):
     store = resolve_storage(str(tmp_path))
     lines = []
-    with show_progress(store, str(tmp_path), lines.append, enabled=True, every_s=0.05):
+    with show_progress(RunFolder(store.fs, str(tmp_path)), lines.append, enabled=True, every_s=0.05):
         write_json(store.fs, f"{tmp_path}/progress.json", progress(5))
         time.sleep(0.3)
         straggler = {"rank": 1, "ratio": 3.0, "reports": 3, "busy_s": 0.3, "median_s": 0.1,
@@ -55,7 +55,7 @@ def test_a_bar_on_a_terminal(tmp_path):
     store = resolve_storage(str(tmp_path))
     out = io.StringIO()
     with redirect_stdout(out):
-        with show_progress(store, str(tmp_path), print, enabled=True, terminal=True, every_s=0.05):
+        with show_progress(RunFolder(store.fs, str(tmp_path)), print, enabled=True, terminal=True, every_s=0.05):
             write_json(store.fs, f"{tmp_path}/progress.json", progress(10))
             time.sleep(0.3)
     text = out.getvalue()
@@ -65,7 +65,7 @@ def test_a_bar_on_a_terminal(tmp_path):
 def test_quiet_shows_nothing(tmp_path):
     store = resolve_storage(str(tmp_path))
     lines = []
-    with show_progress(store, str(tmp_path), lines.append, enabled=False, every_s=0.05):
+    with show_progress(RunFolder(store.fs, str(tmp_path)), lines.append, enabled=False, every_s=0.05):
         write_json(store.fs, f"{tmp_path}/progress.json", progress(5))
         time.sleep(0.2)
     assert lines == []
@@ -84,7 +84,7 @@ def test_the_restart_after_a_hang_is_told_as_the_hangs(tmp_path):
     later = Event("failure", 200.0, 17, 1, "10.0.0.7", "rank 1 was lost (its process 9 died); Ray Train "
                   "restarted the worker group (within --max-failures)", "step-00000010", 7, True)
     lines = []
-    with show_progress(store, str(tmp_path), lines.append, enabled=True, every_s=0.05, hangs=lambda: [hang]):
+    with show_progress(RunFolder(store.fs, str(tmp_path)), lines.append, enabled=True, every_s=0.05, hangs=lambda: [hang]):
         write_json(store.fs, f"{tmp_path}/progress.json", progress(None, events=[killed.to_dict()]))
         time.sleep(0.3)
         write_json(store.fs, f"{tmp_path}/progress.json",
@@ -109,4 +109,4 @@ def test_progress_json_keeps_its_keys_before_and_after_the_first_report(tmp_path
     store = resolve_storage(str(tmp_path))
     for text in ("not json", json.dumps({"step": 5}), json.dumps([1])):  # none of them a progress.json
         (tmp_path / "progress.json").write_text(text)
-        assert read_progress(store, str(tmp_path)) is None
+        assert read_progress(RunFolder(store.fs, str(tmp_path))) is None

@@ -18,6 +18,8 @@ from ray_ddp.record.progress import format_event
 from ray_ddp.observe.callback import MetricsCallback
 from ray_ddp.observe.ray_hooks import FailureDecision
 from ray_ddp.observe.restarts import RestartRecorder
+from ray_ddp.record.folder import run_folder
+from ray_ddp.storage import resolve_storage
 
 
 class StartedGroup:
@@ -46,7 +48,7 @@ def dead(rank):
 def fit_metrics(tmp_path):
     """A fit's MetricsCallback, its run folder made (the driver writes status.json there first)."""
     (tmp_path / "r").mkdir()
-    return MetricsCallback(str(tmp_path), "r", epochs=2, total_steps=40)
+    return MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=2, total_steps=40)
 
 
 def progress(tmp_path, name="r"):

@@ -11,7 +11,7 @@ import pytest
 from flaky_fs import flaky_fs
 from ray_ddp.observe.schema import SCHEMA
 from ray_ddp.observe.callback import MetricsCallback
-from ray_ddp.record.folder import METRICS_FILE
+from ray_ddp.record.folder import METRICS_FILE, run_folder
 from ray_ddp.storage import read_json, read_table, resolve_storage, write_json, write_table
 from ray_ddp.errors import StorageError
 
@@ -53,7 +53,7 @@ def test_metrics_table_that_cannot_be_read_is_never_overwritten(tmp_path):
                 pa.Table.from_pylist([row(5, 0), row(5, 1)], schema=SCHEMA))
     good = (run / METRICS_FILE).read_bytes()
     (run / METRICS_FILE).write_bytes(good[: len(good) // 2])  # unreadable, as after a bad copy
-    callback = MetricsCallback(str(tmp_path), "run", epochs=1, total_steps=10)
+    callback = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "run"), epochs=1, total_steps=10)
     with pytest.raises(StorageError, match="metrics.parquet"):
         callback.after_report(None, [row(10, 0), row(10, 1)], checkpoint=None)
     assert (run / METRICS_FILE).read_bytes() == good[: len(good) // 2], "left as it was"

@@ -21,6 +21,7 @@ from ray_ddp.record.progress import show_progress
 from ray_ddp.driver.restart_decision import RestartPolicyConfig, RestartState, decide_restart
 from ray_ddp.errors import StorageError, TrainingError
 from ray_ddp.storage import Storage, write_json
+from ray_ddp.record.folder import RunFolder
 
 # --- item 11: the progress poll ---------------------------------------------------------
 
@@ -56,7 +57,7 @@ def test_a_failed_last_read_after_a_fit_does_not_fail_it(flaky):
     connection), and the block still ends as the fit did, with no StorageError."""
     store, handler, path = flaky
     lines = []
-    with show_progress(store, path, lines.append, enabled=True, every_s=60):
+    with show_progress(RunFolder(store.fs, path), lines.append, enabled=True, every_s=60):
         write_json(store.fs, f"{path}/progress.json", progress(10))
         fail_reads(handler, 100)  # every read from here on fails
     assert handler.failed >= 1  # the last read was made, and failed
@@ -68,7 +69,7 @@ def test_a_failed_first_read_does_not_stop_the_fit_from_starting(flaky):
     write_json(store.fs, f"{path}/progress.json", progress(5))
     fail_reads(handler, 1)
     ran = []
-    with show_progress(store, path, lambda line: None, enabled=True, every_s=60):
+    with show_progress(RunFolder(store.fs, path), lambda line: None, enabled=True, every_s=60):
         ran.append(True)
     assert ran == [True] and handler.failed == 1
 
@@ -76,7 +77,7 @@ def test_a_failed_first_read_does_not_stop_the_fit_from_starting(flaky):
 def test_a_fit_that_failed_keeps_its_own_error_when_the_last_read_fails(flaky):
     store, handler, path = flaky
     with pytest.raises(TrainingError, match="rank 1"):
-        with show_progress(store, path, lambda line: None, enabled=True, every_s=60):
+        with show_progress(RunFolder(store.fs, path), lambda line: None, enabled=True, every_s=60):
             fail_reads(handler, 100)
             raise TrainingError("training failed on rank 1: boom")
 
@@ -84,7 +85,7 @@ def test_a_fit_that_failed_keeps_its_own_error_when_the_last_read_fails(flaky):
 def test_a_transient_read_error_in_the_poll_is_tried_again_at_the_next_poll(flaky):
     store, handler, path = flaky
     lines = []
-    with show_progress(store, path, lines.append, enabled=True, every_s=0.05):
+    with show_progress(RunFolder(store.fs, path), lines.append, enabled=True, every_s=0.05):
         write_json(store.fs, f"{path}/progress.json", progress(5))
         assert wait_for(lambda: len(lines) == 1)
         fail_reads(handler, 3)  # three polls in a row fail (the controller's writes go through)
@@ -102,7 +103,7 @@ def test_an_unexpected_error_in_the_poll_is_one_warning_line_and_the_poll_goes_o
     and the next report is shown while the fit runs."""
     store, _, path = flaky
     lines = []
-    with show_progress(store, path, lines.append, enabled=True, every_s=0.05):
+    with show_progress(RunFolder(store.fs, path), lines.append, enabled=True, every_s=0.05):
         write_json(store.fs, f"{path}/progress.json", progress(5, straggler={"rank": 1, "since_step": 5}))
         assert wait_for(lambda: len(lines) >= 1)
         time.sleep(0.2)  # polls that read the same file again
@@ -122,7 +123,7 @@ def test_a_storage_error_is_still_a_storage_error_to_the_other_readers(flaky):
     write_json(store.fs, f"{path}/progress.json", progress(5))
     fail_reads(handler, 1)
     with pytest.raises(StorageError):
-        read_progress(store, path)
+        read_progress(RunFolder(store.fs, path))
 
 
 # --- item 13: a worker Ray's memory monitor killed --------------------------------------

@@ -21,6 +21,7 @@ from ray_ddp.errors import ConfigError
 from ray_ddp.storage import resolve_storage
 from ray_ddp.trackers.base import Tracker, Trackers
 from ray_ddp.trackers.wandb import open_wandb
+from ray_ddp.record.folder import run_folder
 
 
 def copy(trackers: Trackers) -> Trackers:
@@ -41,18 +42,18 @@ def test_each_step_is_logged_once_through_a_restart_and_a_resume(tmp_path):
     store = resolve_storage(str(tmp_path))
     first_command = Trackers([open_wandb(cfg, "abc123", store)])
     # each controller gets its own copy, as Ray Train's pickle gives it
-    controller = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, trackers=copy(first_command))
+    controller = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=1, total_steps=30, trackers=copy(first_command))
     for step in (5, 10, 15):
         report(controller, step, 1.0)
     controller.after_exception(None, {})  # the group failed; Ray Train's controller ends its session
     # the next fit's controller redoes steps 11-15 from step 10's checkpoint
-    restarted = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, trackers=copy(first_command.resume()))
+    restarted = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=1, total_steps=30, trackers=copy(first_command.resume()))
     for step in (15, 20):
         report(restarted, step, 2.0)
     restarted.after_exception(None, {})
     # a later command (the first was stopped) resumes from step 15's checkpoint
     second_command = Trackers([open_wandb(cfg, "abc123", store)])
-    controller = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=25, trackers=copy(second_command))
+    controller = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=1, total_steps=25, trackers=copy(second_command))
     for step in (20, 25):
         report(controller, step, 3.0)
     failure = Event("failure", 1.0, 15, 1, "n1", "rank 1 was lost", "step-00000010", 5, True)
@@ -93,7 +94,7 @@ def test_a_tracker_that_fails_is_dropped_named_in_progress_and_the_others_go_on(
     from ray_ddp.observe.callback import MetricsCallback
 
     counting = Counting()
-    callback = MetricsCallback(str(tmp_path), "r", epochs=1, total_steps=30, trackers=Trackers([Broken(), counting]))
+    callback = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=1, total_steps=30, trackers=Trackers([Broken(), counting]))
     (tmp_path / "r").mkdir()
     for step in (5, 10):
         report(callback, step, 1.0)
