@@ -24,15 +24,18 @@ from ray_ddp.checkpoint.snapshots import fetch_snapshot, newest_snapshot, node_f
 from ray_ddp.checkpoint.verify import verify_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import CheckpointError, StorageError
-from ray_ddp.storage import local_copy, resolve_storage
+from ray_ddp.record.folder import RunFolder
+from ray_ddp.storage import local_copy
 
 
-def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newest_at_start: Optional[str],
+def load_checkpoint_to_resume(cfg: TrainConfig, folder: RunFolder, resume_from: Optional[str],
+                              newest_at_start: Optional[str],
                               latest: Optional[Any], strategy, model: nn.Module,
                               optimizer: torch.optim.Optimizer, stateful: dict,
                               node_id: Optional[str] = None, snapshot_scope: str = "") -> TrainState:
     """Load into the model, through the strategy that wrote it (bare under DDP, sharded in
-    place under FSDP), the checkpoint the driver checked and announced (``resume_from``),
+    place under FSDP), the checkpoint the driver checked and announced (``resume_from``, in
+    ``folder``: the run's, its filesystem carried in the plan),
     or, after a restart within this run, the newer one Ray hands back (``latest``, a
     ``ray.train.Checkpoint``, used when newer than any that existed when the run began);
     a fresh TrainState if neither.
@@ -41,7 +44,6 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
     where it is newer than those: the newest in-memory snapshot (--snapshot-every-steps) on
     any rank's node, sent to the nodes that lack it (``node_id``: this rank's node; the
     state's ``loaded_from_node`` names the node the snapshot came from)."""
-    store = resolve_storage(cfg.storage)
     candidates = []  # (its folder's path, what opens it on this machine)
     stored_steps = [checkpoint_step(_dir_name(latest.path))] if latest is not None else []
     stored_steps.append(checkpoint_step(resume_from or ""))
@@ -54,8 +56,8 @@ def load_checkpoint_to_resume(cfg: TrainConfig, resume_from: Optional[str], newe
         # one download per node, shared by its ranks
         candidates.append((latest.path, latest.as_directory))
     if resume_from is not None:
-        path = f"{store.run_path(cfg.name)}/{resume_from}"
-        candidates.append((path, functools.partial(local_copy, store.fs, path)))
+        path = f"{folder.path}/{resume_from}"
+        candidates.append((path, functools.partial(local_copy, folder.fs, path)))
     problems = []
     for path, open_folder in candidates:
         with contextlib.ExitStack() as stack:

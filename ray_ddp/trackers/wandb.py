@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ray_ddp.record.events import Event
-from ray_ddp.record.folder import run_folder
+from ray_ddp.record.folder import RunFolder, run_folder
 from ray_ddp.errors import ConfigError
-from ray_ddp.storage import read_json, resolve_storage, write_json
+from ray_ddp.storage import read_json, write_json
 from ray_ddp.trackers.base import Tracker, Window
 from ray_ddp.trackers.mlflow import WINDOW_FIGURES, _finite
 
@@ -42,7 +42,7 @@ class WandbRun:
     entity: Optional[str]
     group: Optional[str]
     dir: str  # W&B's local files (an offline run's, for `wandb sync`)
-    storage: str  # the run folder, where wandb.json keeps logged_until
+    folder: RunFolder  # the run's folder (its filesystem with it), where wandb.json keeps logged_until
     logged_until: int = 0
     # the driver's WANDB_MODE and WANDB_API_KEY: the controller may run on another node,
     # whose environment is the cluster's, not the shell's that started the run
@@ -87,7 +87,7 @@ def open_wandb(cfg, identity: str, storage) -> "WandbTracker":
     cursor = read_json(storage.fs, folder.wandb) or {}
     logged = int(cursor.get("logged_until") or 0) if cursor.get("run_id") == identity else 0
     run = WandbRun(project=cfg.wandb, run_id=identity, name=cfg.name, entity=cfg.wandb_entity,
-                   group=cfg.wandb_group, dir=local, storage=storage.uri, logged_until=logged,
+                   group=cfg.wandb_group, dir=local, folder=folder, logged_until=logged,
                    mode=os.environ.get("WANDB_MODE"), api_key=os.environ.get("WANDB_API_KEY"))
     try:
         session = _init(run, config=cfg.to_dict(), allow_val_change=True)
@@ -114,8 +114,7 @@ class WandbTracker(Tracker):
 
     def resume(self) -> "WandbTracker":
         """How far the earlier fits' controllers logged (wandb.json): a new one goes on from there."""
-        store = resolve_storage(self.run.storage)
-        cursor = read_json(store.fs, run_folder(store, self.run.name).wandb) or {}
+        cursor = read_json(self.run.folder.fs, self.run.folder.wandb) or {}
         logged = max(self.run.logged_until, int(cursor.get("logged_until") or 0))
         return WandbTracker(dataclasses.replace(self.run, logged_until=logged))
 
@@ -138,8 +137,7 @@ class WandbTracker(Tracker):
         self.save_cursor()
 
     def save_cursor(self) -> None:
-        store = resolve_storage(self.run.storage)
-        write_json(store.fs, run_folder(store, self.run.name).wandb,
+        write_json(self.run.folder.fs, self.run.folder.wandb,
                    {"run_id": self.run.run_id, "project": self.run.project, "entity": self.run.entity,
                     "group": self.run.group, "logged_until": self.run.logged_until})
 

@@ -69,8 +69,9 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     scaler = torch.amp.GradScaler(devices[0].type, enabled=cfg.amp == "fp16")
     parts = TrainParts(model, wrapped, torch.compile(wrapped) if cfg.compile else wrapped,
                        optimizer, scheduler, scaler, devices, strategy)
-    state = load_checkpoint_to_resume(cfg, plan.resume_from, plan.newest_at_start, latest_checkpoint, strategy,
-                                      model, optimizer, parts.stateful(), node_id, plan.snapshot_scope)
+    state = load_checkpoint_to_resume(cfg, plan.run.folder, plan.resume_from, plan.newest_at_start,
+                                      latest_checkpoint, strategy, model, optimizer, parts.stateful(), node_id,
+                                      plan.snapshot_scope)
     return parts, state
 
 

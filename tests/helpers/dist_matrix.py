@@ -261,6 +261,8 @@ def resume_where_one_rank_cannot_read_the_newest(rank: int, world: int, storage:
     download of it is torn (``torn``) or fails (a transient remote read). The step each
     rank resumed at, or the error that stopped it."""
     from ray_ddp.checkpoint.resume import check_ranks_resumed_alike, load_checkpoint_to_resume
+    from ray_ddp.record.folder import run_folder
+    from ray_ddp.storage import resolve_storage
     from ray_ddp.checkpoint.verify import weights_hash
     from ray_ddp.config.train import TrainConfig
     from ray_ddp.models.builtin import ToyModel
@@ -272,7 +274,7 @@ def resume_where_one_rank_cannot_read_the_newest(rank: int, world: int, storage:
     newest = f"{storage}/r/step-00000020"
     latest = _CheckpointOf(newest, newest if rank == 0 else f"{storage}/torn-step-00000020" if torn else None)
     try:
-        state = load_checkpoint_to_resume(cfg, "step-00000010", "step-00000010", latest, build_strategy(cfg),
+        state = load_checkpoint_to_resume(cfg, run_folder(resolve_storage(cfg.storage), cfg.name), "step-00000010", "step-00000010", latest, build_strategy(cfg),
                                           model, optimizer, {})
         check_ranks_resumed_alike(state.step, lambda: weights_hash(model))
     except Exception as err:
@@ -299,6 +301,8 @@ def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list,
     import os
 
     from ray_ddp.checkpoint.resume import check_ranks_resumed_alike, load_checkpoint_to_resume
+    from ray_ddp.record.folder import run_folder
+    from ray_ddp.storage import resolve_storage
     from ray_ddp.checkpoint.verify import weights_hash
     from ray_ddp.config.train import TrainConfig
     from ray_ddp.models.builtin import ToyModel
@@ -311,7 +315,7 @@ def resume_with_node_snapshots(rank: int, world: int, storage: str, nodes: list,
     cfg = TrainConfig(storage=storage, name="r")
     model = ToyModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    state = load_checkpoint_to_resume(cfg, "step-00000010", "step-00000010", None, build_strategy(cfg),
+    state = load_checkpoint_to_resume(cfg, run_folder(resolve_storage(cfg.storage), cfg.name), "step-00000010", "step-00000010", None, build_strategy(cfg),
                                       model, optimizer, {}, node_id=f"node-{rank}")
     check_ranks_resumed_alike(state.step, lambda: weights_hash(model))
     return state.step, state.loaded_from, state.loaded_from_node, model.state_dict()["net1.weight"].sum().item()
@@ -355,6 +359,8 @@ def resume_from_shard_snapshots(rank: int, world: int, root: str) -> dict:
     from ray_ddp.checkpoint.format import TrainState
     from ray_ddp.checkpoint.names import META_FILE
     from ray_ddp.checkpoint.resume import load_checkpoint_to_resume
+    from ray_ddp.record.folder import run_folder
+    from ray_ddp.storage import resolve_storage
     from ray_ddp.checkpoint.shard_snapshots import NodeShardSnapshots
     from ray_ddp.checkpoint.snapshots import node_folder, read_meta
     from ray_ddp.checkpoint.verify import weights_hash
@@ -384,7 +390,7 @@ def resume_from_shard_snapshots(rank: int, world: int, root: str) -> dict:
     def resume(node: str) -> tuple:
         folder_on(node)
         fresh, fresh_optimizer = _sharded_gpt(seed=1)
-        state = load_checkpoint_to_resume(cfg, None, None, None, build_strategy(cfg), fresh, fresh_optimizer, {},
+        state = load_checkpoint_to_resume(cfg, run_folder(resolve_storage(cfg.storage), cfg.name), None, None, None, build_strategy(cfg), fresh, fresh_optimizer, {},
                                           node_id=node)
         steps = fresh_optimizer.state_dict()["state"]
         return state.step, state.loaded_from_node, weights_hash(fresh), int(steps[0]["step"]) if steps else 0
