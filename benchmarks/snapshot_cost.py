@@ -5,7 +5,8 @@ One job, three arms, on one local Ray that this script starts (loopback only), i
 rounds rotating which goes first: ray_ddp.run with 2 CPU workers, an mlp (10 inputs, 2
 hidden layers of --width, 5 outputs) under AdamW (its state: weights and two moments),
 1 epoch of --steps steps of --batch-size rows per worker, a metrics window every 10 steps,
-no step checkpoints:
+no step checkpoints; under --strategy ddp (one copy per node) or fsdp (every rank's own
+shards, with an all-gather of their sizes and CRC-32s per snapshot):
   off          --snapshot-every-steps 0
   default      no --snapshot-every-steps (the cadence by cost)
   every-step   --snapshot-every-steps 1
@@ -14,6 +15,7 @@ metrics.parquet: rows over seconds of the windows, whose time includes the snaps
 taken in them), and each arm's paired ratio to off in the same round.
 
     python benchmarks/snapshot_cost.py --rounds 3
+    python benchmarks/snapshot_cost.py --strategy fsdp --rounds 2 --steps 1000
 The figures also go to benchmarks/results/snapshot_cost-<machine>-<date>.json
 (--results-dir, --no-save; see benchmarks/_results.py), rendered into docs/performance.md.
 """
@@ -42,6 +44,7 @@ def run_arm(arm: str, args) -> dict:
     try:
         cfg = TrainConfig(workers=2, epochs=1, steps_per_epoch=args.steps, batch_size=args.batch_size,
                           model="mlp", width=args.width, depth=2, optimizer="adamw", report_every=10,
+                          strategy=args.strategy,
                           snapshot_every_steps=ARMS[arm], storage=folder, name="snapshots", quiet=True)
         run(cfg, echo=lambda line: None)
         rows = [r for r in pq.read_table(os.path.join(folder, "snapshots", "metrics.parquet")).to_pylist()
@@ -60,6 +63,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     from _results import add_result_args, rounds_by, save_result
 
     add_result_args(parser)
@@ -83,7 +87,8 @@ def main(argv=None) -> None:
         rows.append({"arm": arm, "samples_per_s": statistics.median(r["samples_per_s"] for r in results
                                                                    if r["arm"] == arm),
                      "paired_ratio": statistics.median(paired), "paired_ratio_all": paired})
-    setup = (f"mlp 10-{args.width}x2-5 under AdamW, 2 CPU workers, {args.steps} steps of {args.batch_size} rows, "
+    sharded = ", --strategy fsdp" if args.strategy == "fsdp" else ""
+    setup = (f"mlp 10-{args.width}x2-5 under AdamW{sharded}, 2 CPU workers, {args.steps} steps of {args.batch_size} rows, "
              f"a window every 10 steps; one local Ray, {os.cpu_count()} CPUs")
     result = {"setup": setup, "baseline": "off", "paired_rounds": args.rounds, "arms": rows}
     print(f"\n{setup}; medians of {args.rounds} paired rounds")
