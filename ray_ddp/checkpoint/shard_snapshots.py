@@ -122,36 +122,62 @@ class NodeShardSnapshots(NodeSnapshots):
     def write(self, model: nn.Module, optimizer: torch.optim.Optimizer, stateful: dict, state: TrainState,
               run: dict, rank: int, world_size: int, rows: Optional[list] = None) -> None:
         tensors, rest = local_shards(model, optimizer)
-        first = self._slot is None
-        if first:  # is there room on every node, and which slot is older (the node's lowest rank says)
-            os.makedirs(self.folder, exist_ok=True)
-            mine = (self.node_id, rank, _bytes(tensors), _room(self.folder), self._older_slot())
-            everyone: list = [None] * world_size
-            dist.all_gather_object(everyone, mine)
-            self._agree_on_room(everyone, rank)
-            self._slot = min((r, slot) for node, r, _, _, slot in everyone if node == self.node_id)[1]
+        if self._slot is None:
+            self._start(tensors, state.step, rank, world_size)
         if self.off_because is not None:
             return
         slot = os.path.join(self.folder, SLOTS[self._slot])
-        os.makedirs(slot, exist_ok=True)
+        header = checkpoint_header(state, run, rank, sharded=True, world_size=world_size)
+        try:  # a full /dev/shm on one rank: every rank turns snapshots off, none waits on it
+            files, error = self._write_files(slot, tensors, rest, stateful, header, rows, rank), None
+        except OSError as err:
+            files, error = {}, f"{type(err).__name__}: {err}"
+        written: list = [None] * world_size
+        dist.all_gather_object(written, (self.node_id, files, error))  # every rank's file is whole, or said why not
+        failed = [(r, said) for r, (_, _, said) in enumerate(written) if said]
+        if failed:
+            self.off_because = "" if rank else (
+                f"in-memory snapshots are off: rank {failed[0][0]} could not write its shards ({failed[0][1]}); "
+                "the run goes on with its checkpoints in storage")
+            return
+        if self.lowest:
+            node_files = {name: fp for node, part, _ in written if node == self.node_id for name, fp in part.items()}
+            write_meta(pafs.LocalFileSystem(), slot, header, node_files)
+        self._slot = 1 - self._slot
+
+    def _start(self, tensors: dict, step: int, rank: int, world_size: int) -> None:
+        """This process's first snapshot: is there room on every node, and which slot is
+        older (the node's lowest rank's view, taken before any rank writes). A slot that
+        holds this step or a later one is a group's before a restart from an older state:
+        its meta.json goes, so no node mixes that group's shards with this one's."""
         try:
-            os.remove(os.path.join(slot, META_FILE))
-        except FileNotFoundError:
-            pass
+            os.makedirs(self.folder, exist_ok=True)
+            room = _room(self.folder)
+        except OSError:
+            room = 0
+        everyone: list = [None] * world_size
+        dist.all_gather_object(everyone, (self.node_id, rank, _bytes(tensors), room, self._older_slot()))
+        self._agree_on_room(everyone, rank)
+        self._slot = min((r, slot) for node, r, _, _, slot in everyone if node == self.node_id)[1]
+        if self.lowest and self.off_because is None:
+            for name in SLOTS:
+                if (read_meta(os.path.join(self.folder, name)) or {}).get("step", -1) >= step:
+                    _remove_meta(os.path.join(self.folder, name))
+
+    def _write_files(self, slot: str, tensors: dict, rest: dict, stateful: dict, header: dict,
+                     rows: Optional[list], rank: int) -> dict[str, dict[str, int]]:
+        """This rank's shards into ``slot`` (its meta.json removed first), and on the node's
+        lowest rank train_state.pt; each file's size and CRC-32."""
+        os.makedirs(slot, exist_ok=True)
+        _remove_meta(slot)
         local = pafs.LocalFileSystem()
         files = {shard_file(rank): save_counted(local, f"{slot}/{shard_file(rank)}", tensors)}
-        header = checkpoint_header(state, run, rank, sharded=True, world_size=world_size)
         if self.lowest:
             files[STATE_FILE] = save_counted(local, f"{slot}/{STATE_FILE}", {
                 **header, "rng": [], NON_TENSORS: rest,
                 **{name: to_cpu(obj.state_dict()) for name, obj in stateful.items()},
                 **({"rows": rows} if rows else {})})
-        written: list = [None] * world_size
-        dist.all_gather_object(written, (self.node_id, files))  # every rank's file is whole
-        if self.lowest:
-            node_files = {name: fp for node, part in written if node == self.node_id for name, fp in part.items()}
-            write_meta(local, slot, header, node_files)
-        self._slot = 1 - self._slot
+        return files
 
     def write_survivor(self, *args, **kwargs) -> Optional[str]:
         return None
@@ -169,6 +195,13 @@ class NodeShardSnapshots(NodeSnapshots):
                 f"in-memory snapshots are off: two of a node's shards take {need / 2**30:.2f} GiB, over the "
                 f"{room / 2**30:.2f} GiB they may use ({MEMORY_SHARE:.0%} of the memory, or the free space in "
                 f"{snapshot_root()}); the run goes on with its checkpoints in storage")
+
+
+def _remove_meta(slot: str) -> None:
+    try:
+        os.remove(os.path.join(slot, META_FILE))
+    except FileNotFoundError:
+        pass
 
 
 def _bytes(tree: Any) -> int:

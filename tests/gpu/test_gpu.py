@@ -81,13 +81,15 @@ def test_two_workers_share_one_gpu_over_gloo(ray_gpu, tmp_path):
 
     from ray_ddp.driver.resolve import resolve
     from ray_ddp.plan import WorkerPlan
+    from ray_ddp.storage import resolve_storage
     from ray_ddp.worker.loop import train_loop_per_worker
 
     cfg = TrainConfig(workers=2, gpus_per_worker=1, backend="gloo", epochs=1, steps_per_epoch=5,
                       report_every=5, storage=str(tmp_path), name="shared")
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=WorkerPlan(run=resolve(cfg.validate(), None), resume_from=None, newest_at_start=None,
+        train_loop_config=WorkerPlan(run=resolve(cfg.validate(), None, store=resolve_storage(cfg.storage)),
+                                     resume_from=None, newest_at_start=None,
                                      total_steps=5),
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=True,

@@ -408,3 +408,39 @@ def resume_from_shard_snapshots(rank: int, world: int, root: str) -> dict:
     dist.barrier()
     got["node lost"] = resume(f"node{rank}" if rank == 0 else "node2")
     return {"hashes": hashes, **got}
+
+
+def shard_snapshot_edges(rank: int, world: int, root: str) -> tuple:
+    """Two edges of sharded snapshots, both ranks on one node: a group restarted from an
+    older state (its first snapshot, step 5, finds slots of steps 5 and 6 that a group
+    before it left: both go, so no node mixes the two groups' shards); and a rank whose
+    slot cannot be written (a file where its folder goes, as a full /dev/shm fails): every
+    rank turns snapshots off, rank 0 says why, and no slot is left whole. The slots' steps
+    before and after the restart, each rank's reason, and whether any slot is whole."""
+    import os
+
+    import torch.distributed as dist
+
+    from ray_ddp.checkpoint.format import TrainState
+    from ray_ddp.checkpoint.shard_snapshots import NodeShardSnapshots, held_slots
+
+    model, optimizer = _sharded_gpt(seed=0)
+    node = os.path.join(root, "node")
+    earlier = NodeShardSnapshots(node, 1, "n", lowest=rank == 0)
+    for step in (5, 6):
+        earlier.write(model, optimizer, {}, TrainState(step=step, epoch_step=step), {}, rank, world)
+    dist.barrier()
+    before = sorted(held.step for held in held_slots(node, world))
+    dist.barrier()
+    restarted = NodeShardSnapshots(node, 1, "n", lowest=rank == 0)
+    restarted.write(model, optimizer, {}, TrainState(step=5, epoch_step=5), {}, rank, world)
+    dist.barrier()
+    after = sorted(held.step for held in held_slots(node, world))
+    full = os.path.join(root, f"full-{rank}")
+    os.makedirs(full)
+    if rank == 1:
+        for slot in ("slot-a", "slot-b"):
+            open(os.path.join(full, slot), "w").close()
+    broken = NodeShardSnapshots(full, 1, f"node-{rank}", lowest=True)
+    broken.write(model, optimizer, {}, TrainState(step=7, epoch_step=7), {}, rank, world)
+    return before, after, broken.off_because, bool(held_slots(full, world))

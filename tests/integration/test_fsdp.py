@@ -165,6 +165,16 @@ def test_a_restarted_group_resumes_from_the_shards_its_nodes_hold_in_memory(tmp_
     assert set(torch.load(slot / "rank-1.pt", weights_only=True)) == {"model", "optim"}
 
 
+def test_a_restarted_groups_snapshots_never_mix_with_an_earlier_groups_and_a_failed_write_stops_them_all(tmp_path):
+    from dist_matrix import run_on_ranks, shard_snapshot_edges
+
+    got = run_on_ranks(2, shard_snapshot_edges, str(tmp_path))
+    assert [g[:2] for g in got] == [([5, 6], [5])] * 2
+    said, quiet = got[0][2], got[1][2]
+    assert said.startswith("in-memory snapshots are off: rank 1 could not write its shards (") and quiet == ""
+    assert [g[3] for g in got] == [False, False]
+
+
 def test_export_consolidates_the_shards_into_a_plain_model_pt(fsdp_runs, storage, tmp_path, capsys):
     reference = fsdp_runs[0]["gpt"]
     rows = rows_of(reference)
