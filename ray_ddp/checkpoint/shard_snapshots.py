@@ -35,9 +35,9 @@ from ray_ddp.checkpoint.load import load_tensors
 from ray_ddp.checkpoint.names import META_FILE
 from ray_ddp.checkpoint.safe_load import NON_TENSORS
 from ray_ddp.checkpoint.sharded import apply_sharded_state, split_tensors
-from ray_ddp.checkpoint.snapshots import MEMORY_SHARE, SLOTS, NodeSnapshots, broadcast_file, node_memory_bytes, \
-    read_meta, snapshot_root
-from ray_ddp.checkpoint.verify import file_fingerprint, verify_checkpoint
+from ray_ddp.checkpoint.snapshots import SLOTS, NodeSnapshots, broadcast_file, off_for_room, read_meta, \
+    snapshot_room, whole_slots
+from ray_ddp.checkpoint.verify import file_fingerprint
 from ray_ddp.errors import CheckpointError
 
 
@@ -94,18 +94,9 @@ class HeldSlot:
 
 
 def held_slots(folder: str, world_size: int) -> list[HeldSlot]:
-    """This node's whole sharded slots of ``world_size`` ranks, every file checked against
-    meta.json (CRC-32 included: memory, read in a moment)."""
-    held = []
-    for slot in SLOTS:
-        path = os.path.join(folder, slot)
-        meta = read_meta(path)
-        if meta is None or meta.get("format") != "sharded" or meta.get("world_size") != world_size \
-                or not isinstance(meta.get("step"), int) or not isinstance(meta.get("files"), dict):
-            continue
-        if verify_checkpoint(path) is None:
-            held.append(HeldSlot(path, int(meta["step"]), meta["files"]))
-    return held
+    """This node's whole sharded slots of ``world_size`` ranks."""
+    return [HeldSlot(path, int(meta["step"]), meta["files"])
+            for path, meta in whole_slots(folder, world_size, sharded=True, names=SLOTS)]
 
 
 class NodeShardSnapshots(NodeSnapshots):
@@ -152,7 +143,7 @@ class NodeShardSnapshots(NodeSnapshots):
         its meta.json goes, so no node mixes that group's shards with this one's."""
         try:
             os.makedirs(self.folder, exist_ok=True)
-            room = _room(self.folder)
+            room = snapshot_room(self.folder)
         except OSError:
             room = 0
         everyone: list = [None] * world_size
@@ -191,10 +182,8 @@ class NodeShardSnapshots(NodeSnapshots):
         over = [(2 * size, room) for size, room in nodes.values() if 2 * size > room]
         if over:
             need, room = max(over)
-            self.off_because = "" if rank else (
-                f"in-memory snapshots are off: two of a node's shards take {need / 2**30:.2f} GiB, over the "
-                f"{room / 2**30:.2f} GiB they may use ({MEMORY_SHARE:.0%} of the memory, or the free space in "
-                f"{snapshot_root()}); the run goes on with its checkpoints in storage")
+            self.off_because = "" if rank else off_for_room(
+                "in-memory snapshots are off: two of a node's shards", need, room)
 
 
 def _remove_meta(slot: str) -> None:
@@ -208,13 +197,6 @@ def _bytes(tree: Any) -> int:
     if isinstance(tree, dict):
         return sum(_bytes(value) for value in tree.values())
     return tree.numel() * tree.element_size() if torch.is_tensor(tree) else 0
-
-
-def _room(folder: str) -> int:
-    """What a node's snapshots may take: MEMORY_SHARE of its memory, at most the free space."""
-    free = shutil.disk_usage(folder).free
-    memory = node_memory_bytes()
-    return int(min(MEMORY_SHARE * memory, free)) if memory else free
 
 
 def load_shard_snapshot(folder: str, stored_step: int, model: nn.Module, optimizer: torch.optim.Optimizer,

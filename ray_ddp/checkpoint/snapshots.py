@@ -80,19 +80,26 @@ class FoundSnapshot:
     step: int
 
 
-def newest_snapshot(folder: str, world_size: int) -> Optional[FoundSnapshot]:
-    """This node's newest whole snapshot taken at ``world_size`` ranks (every file checked
-    against its meta.json, CRC-32 included: it is memory, read in a moment); None if none.
-    A snapshot of another world size is not used: its position is another cut of the epoch."""
+def whole_slots(folder: str, world_size: int, sharded: bool, names=(*SLOTS, SURVIVOR_SLOT)) -> list[tuple[str, dict]]:
+    """This node's whole slots (``names``) of one kind (a sharded run's, or DDP's) taken at
+    ``world_size`` ranks, each with its meta.json: every file checked against it, CRC-32
+    included (it is memory, read in a moment). A snapshot of another world size is not
+    used: its position is another cut of the epoch."""
     found = []
-    for slot in (*SLOTS, SURVIVOR_SLOT):
+    for slot in names:
         path = os.path.join(folder, slot)
         meta = read_meta(path)
         if meta is None or meta.get("world_size") != world_size or not isinstance(meta.get("step"), int) \
-                or meta.get("format") == "sharded":  # a sharded run's: checkpoint/shard_snapshots.py
+                or (meta.get("format") == "sharded") != sharded or not isinstance(meta.get("files"), dict):
             continue
         if verify_checkpoint(path) is None:
-            found.append(FoundSnapshot(path, int(meta["step"])))
+            found.append((path, meta))
+    return found
+
+
+def newest_snapshot(folder: str, world_size: int) -> Optional[FoundSnapshot]:
+    """This node's newest whole DDP snapshot taken at ``world_size`` ranks; None if none."""
+    found = [FoundSnapshot(path, int(meta["step"])) for path, meta in whole_slots(folder, world_size, sharded=False)]
     return max(found, key=lambda f: f.step, default=None)
 
 
@@ -243,10 +250,21 @@ class NodeSnapshots:
         node's memory or more than the free space where they go."""
         need = 2 * state_bytes(model, optimizer)  # (a survivor's save, a third, checks its own room)
         os.makedirs(self.folder, exist_ok=True)
-        free = shutil.disk_usage(self.folder).free
-        allowed = min(MEMORY_SHARE * (node_memory_bytes() or need / MEMORY_SHARE), free)
+        allowed = snapshot_room(self.folder)
         if need > allowed:
-            self.off_because = (
-                f"in-memory snapshots are off on this node: two of them take {need / 2**30:.2f} GiB, "
-                f"over the {allowed / 2**30:.2f} GiB they may use ({MEMORY_SHARE:.0%} of the memory, or the "
-                f"free space in {snapshot_root()}); the run goes on with its checkpoints in storage")
+            self.off_because = off_for_room("in-memory snapshots are off on this node: two of them", need, allowed)
+
+
+def snapshot_room(folder: str) -> int:
+    """What a node's snapshots in ``folder`` may take: MEMORY_SHARE of its memory (where
+    it can be told), at most the free space there."""
+    free = shutil.disk_usage(folder).free
+    memory = node_memory_bytes()
+    return int(min(MEMORY_SHARE * memory, free)) if memory else free
+
+
+def off_for_room(what: str, need: int, allowed: int) -> str:
+    """The one line that says snapshots are off for want of room (``what``: of what)."""
+    return (f"{what} take {need / 2**30:.2f} GiB, over the {allowed / 2**30:.2f} GiB they may use "
+            f"({MEMORY_SHARE:.0%} of the memory, or the free space in {snapshot_root()}); the run goes on "
+            "with its checkpoints in storage")
