@@ -95,7 +95,7 @@ def _load_snapshot(folder: str, stored_step: int, strategy, model: nn.Module, op
             state.loaded_from = checkpoint_dir_name(state.step)
         return state
     rank, world = dist.get_rank(), dist.get_world_size()
-    found = newest_snapshot(folder, world)
+    found = newest_snapshot(folder)
     newest = int(reduced(found.step if found else 0, dist.ReduceOp.MAX))
     if newest == 0 or newest < stored_step:  # at the same step, memory: read in a moment, never from storage
         return None

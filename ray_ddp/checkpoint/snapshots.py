@@ -48,12 +48,13 @@ FETCH_CHUNK = 64 << 20  # bytes per broadcast of a fetched snapshot: a bounded b
 MEMORY_SHARE = 0.25
 SLOTS = ("slot-a", "slot-b")
 SURVIVOR_SLOT = "survivor"
+SNAPSHOT_DIR_ENV = "RAY_DDP_SNAPSHOT_DIR"
 
 
 def snapshot_root() -> str:
     """Where a node's snapshots live: RAY_DDP_SNAPSHOT_DIR, else shared memory (tmpfs),
     else the temporary folder."""
-    given = os.environ.get("RAY_DDP_SNAPSHOT_DIR")
+    given = os.environ.get(SNAPSHOT_DIR_ENV)
     if given:
         return given
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
@@ -80,16 +81,20 @@ class FoundSnapshot:
     step: int
 
 
-def whole_slots(folder: str, world_size: int, sharded: bool, names=(*SLOTS, SURVIVOR_SLOT)) -> list[tuple[str, dict]]:
-    """This node's whole slots (``names``) of one kind (a sharded run's, or DDP's) taken at
-    ``world_size`` ranks, each with its meta.json: every file checked against it, CRC-32
-    included (it is memory, read in a moment). A snapshot of another world size is not
-    used: its position is another cut of the epoch."""
+def whole_slots(folder: str, world_size: Optional[int], sharded: bool,
+                names=(*SLOTS, SURVIVOR_SLOT)) -> list[tuple[str, dict]]:
+    """This node's whole slots (``names``) of one kind (a sharded run's, or DDP's), each
+    with its meta.json: every file checked against it, CRC-32 included (it is memory,
+    read in a moment). ``world_size``: only slots taken at that many ranks (a sharded
+    run's shards are cut for its mesh); None: any (DDP's replicas are whole at any world
+    size, and a step's rows are the same at the same global batch, as for a checkpoint
+    in storage)."""
     found = []
     for slot in names:
         path = os.path.join(folder, slot)
         meta = read_meta(path)
-        if meta is None or meta.get("world_size") != world_size or not isinstance(meta.get("step"), int) \
+        if meta is None or (world_size is not None and meta.get("world_size") != world_size) \
+                or not isinstance(meta.get("step"), int) \
                 or (meta.get("format") == "sharded") != sharded or not isinstance(meta.get("files"), dict):
             continue
         if verify_checkpoint(path) is None:
@@ -97,9 +102,10 @@ def whole_slots(folder: str, world_size: int, sharded: bool, names=(*SLOTS, SURV
     return found
 
 
-def newest_snapshot(folder: str, world_size: int) -> Optional[FoundSnapshot]:
-    """This node's newest whole DDP snapshot taken at ``world_size`` ranks; None if none."""
-    found = [FoundSnapshot(path, int(meta["step"])) for path, meta in whole_slots(folder, world_size, sharded=False)]
+def newest_snapshot(folder: str) -> Optional[FoundSnapshot]:
+    """This node's newest whole DDP snapshot, at whatever world size it was taken (an
+    elastic run's restart at fewer ranks resumes from it too); None if none."""
+    found = [FoundSnapshot(path, int(meta["step"])) for path, meta in whole_slots(folder, None, sharded=False)]
     return max(found, key=lambda f: f.step, default=None)
 
 

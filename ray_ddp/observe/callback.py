@@ -50,7 +50,10 @@ class MetricsCallback(UserCallback):
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         if "group_started" in metrics[0]:  # a group resumed from a node's snapshot says so at once
-            self._groups.settle(metrics[0]["group_started"])
+            started = metrics[0]["group_started"]
+            self._groups.settle(started)
+            if started.get("carried"):
+                self._keep_carried(started["carried"])
             self._write_progress(self._progress_now(events=to_records(self._groups.events)))
             return
         folder = self.folder
@@ -78,20 +81,39 @@ class MetricsCallback(UserCallback):
         self._write_progress(progress)
         if progress.step >= self.total_steps or progress.early_stop:
             self.trackers.close()
-        # every report's rows reach storage before the next report: a failure, an
-        # interruption or a killed driver loses none of the rows that explain it
-        try:
-            self._table.write_rows(folder, seal=checkpoint is not None)
-        except StorageError:
-            if checkpoint is not None:  # a checkpoint's rows must be in storage with it
-                raise
-            # the rows stay in the open part, in memory, and go out with the next report
-            print(f"warning: ray_ddp could not write the metrics rows of step {progress.step} to storage; "
-                  "trying again at the next report", flush=True)
+        self._store_rows(progress.step, seal=checkpoint is not None)
         if any("val_loss" in window[0] for window in windows) or (checkpoint is not None and self._table.evals):
             self._table.write_evals(folder)
         if checkpoint is not None and self.keep_best:
             prune_checkpoints(folder.fs, folder.path, self.keep, self._table.evals)
+
+    def _keep_carried(self, windows: list[list[dict[str, Any]]]) -> None:
+        """The windows a node's snapshot of another world size held (an elastic restart's;
+        rank 0 of the new group sends them whole, before its first step): in the table,
+        in storage at once, and to the trackers, as if their own group had reported them.
+        The new group's first report then finds the resize after them."""
+        first_step = int(windows[0][0]["step"])
+        self._table.load(self.folder)
+        self._table.world_before(first_step)  # what the failed group reported before them stays
+        self._table.record(first_step, windows)
+        for window in windows:
+            self.trackers.log_window(Window(int(window[0]["step"]), window, summarize_report(
+                window, self.epochs, self.total_steps, checkpoint=None)))
+        self._store_rows(int(windows[-1][0]["step"]), seal=False)
+        if any("val_loss" in window[0] for window in windows):
+            self._table.write_evals(self.folder)
+
+    def _store_rows(self, step: int, seal: bool) -> None:
+        """Every report's rows reach storage before the next report: a failure, an
+        interruption or a killed driver loses none of the rows that explain it."""
+        try:
+            self._table.write_rows(self.folder, seal=seal)
+        except StorageError:
+            if seal:  # a checkpoint's rows must be in storage with it
+                raise
+            # the rows stay in the open part, in memory, and go out with the next report
+            print(f"warning: ray_ddp could not write the metrics rows of step {step} to storage; "
+                  "trying again at the next report", flush=True)
 
     def _progress_after(self, windows: list[list[dict[str, Any]]], checkpoint, straggler) -> Progress:
         """progress.json after a report: its last window over every rank, and what this fit saw."""

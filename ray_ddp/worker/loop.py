@@ -155,8 +155,11 @@ class WorkerRun:
         self.snapshots = Snapshotter(snapshots, parts, state, self.run_record, rank, cut.world, self.reporter)
         self.snapshot_agreed = False  # the default cadence's: agreed at this step's window end
         self.reporter.snapshots_by_cost = snapshots is not None and snapshots.every is None
-        if len(state.rows) == cut.world:  # resumed from a snapshot: the rows it held go out first
-            self.reporter.carry(state.rows)
+        # resumed from a snapshot: the rows it held go out first; a node's snapshot of another
+        # world size (an elastic restart) sends them whole at once (a checkpoint's in storage
+        # of another world size went out with the report Ray took it with)
+        carried = state.rows if len(state.rows) == cut.world or state.loaded_from_node is not None else []
+        self.carried_windows = self.reporter.carry(carried) if carried else []
 
     def train(self) -> None:
         try:
@@ -169,7 +172,8 @@ class WorkerRun:
         cfg, state = self.cfg, self.state
         if state.loaded_from_node is not None:  # a node's snapshot: the restart's line says so now
             self.reporter.say_started({"rank": self.rank, "resumed_at": state.step, "resumed_from": state.loaded_from,
-                                       "resumed_from_node": state.loaded_from_node})
+                                       "resumed_from_node": state.loaded_from_node,
+                                       **({"carried": self.carried_windows} if self.carried_windows else {})})
         self.snapshots.mark_whole()
         for epoch in range(state.epoch, cfg.epochs):
             if self.ended:  # --early-stop or --max-steps, after that step's report (or resumed there)

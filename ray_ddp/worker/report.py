@@ -120,10 +120,17 @@ class Reporter:
         self.group_unsent = [[] for _ in range(self.world_size)]
         dist.all_gather_object(self.group_unsent, self.unsent)
 
-    def carry(self, rows: list[list[dict[str, Any]]]) -> None:
-        """The rows a snapshot held (every rank's), resumed from: they go out first."""
+    def carry(self, rows: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        """The rows a snapshot held (every rank's), resumed from: they go out first. At
+        this world size, each rank's with its next report; from another world size (an
+        elastic restart), whole windows that rank 0 sends in the group's first report
+        (``say_started``): returned on rank 0, as no rank of this group could hold them
+        in its own place, and none may lose them."""
+        if len(rows) != self.world_size:
+            return [list(window) for window in zip(*rows)] if self.rank == 0 else []
         self.group_unsent = [[dict(row) for row in rank_rows] for rank_rows in rows]
         self.unsent = [dict(row) for row in rows[self.rank]]
+        return []
 
     def say_started(self, fields: dict[str, Any]) -> None:
         """A report without rows, at a group's start: where it resumed (every rank reports:

@@ -25,6 +25,7 @@ import torch
 
 from ray_ddp import TrainConfig
 from ray_ddp.checkpoint.format import MODEL_FILE
+from ray_ddp.checkpoint.snapshots import SNAPSHOT_DIR_ENV
 from ray_ddp.worker.probes import DELAY_ENV
 
 from gloo_run import train_in_gloo
@@ -69,12 +70,21 @@ def cluster_and_story(tmp_path_factory):
     c = next(cluster_gen)
     try:
         c.start_head()
-        c.add_node("b")
+        c.add_node("b", env=own_memory(tmp_path_factory))
         story = Story(c, tmp_path_factory.mktemp("story"))
         yield c, story
         story.result()  # never leave its thread running past the cluster
     finally:
         cluster_gen.close()
+
+
+def own_memory(tmp_path_factory) -> dict[str, str]:
+    """Node b's environment for its own in-memory snapshots: both nodes of this cluster
+    share the machine's /dev/shm, where a real node b's would go with it."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("b-memory") if tmp_path_factory else tempfile.mkdtemp(prefix="b-memory-")
+    return {SNAPSHOT_DIR_ENV: str(folder)}
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +109,7 @@ def submit_jobs(c: LoopbackCluster, storage) -> dict:
     """After the story, on a new node b: `ray job submit` of a job across both nodes, and
     of one that cannot fit; what each printed, Ray's status of it, and how long it took."""
     if "b" not in c.procs:  # it comes late to each of the doctor's all-reduces (after the jobs)
-        c.add_node("b", env={DELAY_ENV: "0.4"})
+        c.add_node("b", env={DELAY_ENV: "0.4", **own_memory(None)})
     jobs = {}
     # job1 under HSDP: each node's ranks a shard group (here one rank each), the two nodes
     # replicas whose gradients are all-reduced
@@ -263,13 +273,15 @@ class Story:
             # stories on 2 cores (a CI run once took more than 120 s to this checkpoint)
             wait_for(lambda: (run_dir / "metrics.parquet").exists(), "epoch 1's checkpoint", proc, 240, log)
             out["a_nodes"] = {r["rank"]: r["node_id"] for r in metrics_rows(run_dir)}
+            # the node goes mid-epoch 2, two windows past epoch 1's checkpoint
+            wait_for(lambda: progress(run_dir).get("step", 0) >= STEPS + 10, "run A in epoch 2", proc, 120, log)
             cluster.kill_node("b")
-            out["a"] = finish(proc, log)
+            out["a"], out["a_log"] = finish(proc, log), log
         finally:
             if proc.poll() is None:
                 proc.kill()
 
-        cluster.add_node("b")  # the autoscaler brings a node back
+        cluster.add_node("b", env=own_memory(None))  # the autoscaler brings a node back
         log = out["b_log"] = str(storage / "b.log")
         proc = start_training(cluster, storage, "story-spot", log, "--epochs", "4", "--max-failures", "0",
                               "--checkpoint-every", "2")
@@ -309,9 +321,22 @@ def ray_nodes(c: LoopbackCluster) -> list[dict]:
 def test_an_elastic_run_shrinks_when_a_node_dies_and_grows_when_one_joins(story):
     a, b = story["a"], story["b"]
     assert len(set(story["a_nodes"].values())) == 2, "run A started on both nodes"
-    # A lost node b without notice: a failure (--max-failures 1), then the head alone
+    # A lost node b without notice mid-epoch 2: a failure (--max-failures 1), then the head
+    # alone, from the state the head held (its survivor's save, or its newest snapshot: DDP's
+    # state is whole at any world size), never epoch 1's checkpoint in storage
     assert [s["world_size"] for s in a["world_sizes"]] == [2, 1]
-    assert a["world_sizes"][0]["to_step"] == STEPS and a["epochs_completed"] == 2 and a["preemptions"] == []
+    assert a["epochs_completed"] == 2 and a["preemptions"] == []
+    [lost] = [e for e in a["events"] if e["type"] == "failure"]
+    assert lost["from_node"] == story["a_nodes"][0] and lost["restarted"], lost
+    assert lost["step"] >= STEPS + 10 and lost["steps_lost"] <= 1, lost
+    resumed = int(lost["from_checkpoint"][5:])
+    assert f"restarted from the snapshot of step {resumed} on node {lost['from_node'][:8]}…" in \
+        open(story["a_log"]).read()
+    assert a["world_sizes"][0]["to_step"] <= resumed < a["world_sizes"][0]["to_step"] + 5
+    # every window of A once (each rank's), the one the node's loss cut short redone on the head
+    a_rows = [(r["step"], r["rank"]) for r in story["rows"] if r["step"] <= 2 * STEPS]
+    assert sorted(a_rows) == [(step, rank) for step in range(5, 2 * STEPS + 1, 5)
+                              for rank in ((0, 1) if step <= a["world_sizes"][0]["to_step"] else (0,))]
     # B, a later run, grew back to 2 on the new node
     assert [s["world_size"] for s in b["world_sizes"]][:3] == [2, 1, 2]
     assert b["world_sizes"][2]["from_step"] == 2 * STEPS

@@ -133,3 +133,36 @@ def test_a_group_resumed_from_a_nodes_snapshot_settles_its_restart_before_any_wi
     assert not (tmp_path / "r" / "metrics.parquet").exists()  # no rows: nothing written but progress
     [settled] = from_records([event])
     assert format_settled(settled) == "failure after step 6: restarted from the snapshot of step 6 on node 5d1e5d1e…"
+
+
+def test_an_elastic_restart_from_a_snapshot_of_more_ranks_keeps_its_rows_and_resizes_after_its_step(tmp_path):
+    """A group of 2 loses a node; the group of 1 that follows resumes from the survivor's
+    save of step 12 (2 ranks' state), whose unsent rows (step 10's window, both ranks)
+    its rank 0 sends whole before its first step: they are in the table at once, before
+    the new group's rows, the restart is settled by the snapshot, and the resize said
+    after step 12, the step the world size changed at."""
+    from ray_ddp.observe.metrics_table import read_metrics
+
+    def row(step, rank, world, **extra):
+        return {"epoch": 1, "step": step, "rank": rank, "loss": 1.0, "samples": 8, "step_time_s": 0.1,
+                "samples_per_s": 80.0, "time": 1.0 + step, "busy_s": 0.05, "world_size": world, **extra}
+
+    metrics = fit_metrics(tmp_path)
+    recorder = RestartRecorder(metrics)
+    recorder.after_worker_group_start(group(["10.0.0.1", "10.0.0.2"]))
+    metrics.after_report(None, [row(5, 0, 2, started_at=1.0), row(5, 1, 2, started_at=1.0)], None)
+    recorder.after_worker_group_poll_status(dead(1))
+    recorder.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    recorder.after_worker_group_start(group(["10.0.0.1"]))
+    started = {"rank": 0, "resumed_at": 12, "resumed_from": "step-00000012", "resumed_from_node": "node0" * 8,
+               "carried": [[row(10, 0, 2), row(10, 1, 2)]]}
+    metrics.after_report(None, [{"group_started": started}], None)
+    folder = run_folder(resolve_storage(str(tmp_path)), "r")
+    assert [(r["step"], r["rank"]) for r in read_metrics(folder).to_pylist()] == [(5, 0), (5, 1), (10, 0), (10, 1)]
+    metrics.after_report(None, [row(15, 0, 1, started_at=2.0, resumed_at=12)], None)
+    assert [(r["step"], r["rank"], r["world_size"]) for r in read_metrics(folder).to_pylist()] == \
+        [(5, 0, 2), (5, 1, 2), (10, 0, 2), (10, 1, 2), (15, 0, 1)]
+    failure, resize = progress(tmp_path)["events"]
+    assert (failure["step"], failure["from_checkpoint"], failure["from_node"], failure["steps_lost"]) == \
+        (12, "step-00000012", "node0" * 8, 0)
+    assert (resize["type"], resize["step"], resize["cause"]) == ("resize", 12, "world size 2 -> 1")

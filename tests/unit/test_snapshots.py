@@ -1,6 +1,6 @@
 """In-memory snapshots on a node (checkpoint/snapshots.py): two slots written in turn,
 meta.json last, so a snapshot cut short never stands for a whole one; the newest whole
-one of the run's world size is found; a node without room keeps none, in one line."""
+one, at any world size, is found; a node without room keeps none, in one line."""
 
 from __future__ import annotations
 
@@ -37,30 +37,31 @@ def test_slots_are_written_in_turn_and_the_newest_whole_one_is_found(tmp_path):
     write(snapshots, 4)
     write(snapshots, 6)  # over step 2's slot
     assert sorted(p.name for p in tmp_path.iterdir()) == list(SLOTS)
-    found = newest_snapshot(str(tmp_path), world_size=2)
+    found = newest_snapshot(str(tmp_path))
     assert found.step == 6
     saved = torch.load(os.path.join(found.folder, MODEL_FILE), weights_only=True)
     assert torch.equal(saved["net1.weight"], trained(6)[0].state_dict()["net1.weight"])
-    # another world size's snapshot is another cut of the epoch: not used
-    assert newest_snapshot(str(tmp_path), world_size=4) is None
+    # DDP's state is whole at any world size: an elastic restart on fewer ranks takes it too
+    write(snapshots, 8, world=1)
+    assert newest_snapshot(str(tmp_path)).step == 8
 
 
 def test_a_snapshot_cut_short_leaves_the_one_before_it(tmp_path):
     snapshots = NodeSnapshots(str(tmp_path), every=1)
     write(snapshots, 1)
     write(snapshots, 2)
-    newest = newest_snapshot(str(tmp_path), 2).folder
+    newest = newest_snapshot(str(tmp_path)).folder
     with open(os.path.join(newest, MODEL_FILE), "r+b") as f:  # torn after its meta.json was written
         f.truncate(100)
-    assert newest_snapshot(str(tmp_path), 2).step == 1
+    assert newest_snapshot(str(tmp_path)).step == 1
     os.remove(os.path.join(newest, META_FILE))  # or killed before meta.json
-    assert newest_snapshot(str(tmp_path), 2).step == 1
+    assert newest_snapshot(str(tmp_path)).step == 1
     # a restarted writer writes the slot without a whole snapshot, never over step 1's
     again = NodeSnapshots(str(tmp_path), every=1)
     write(again, 3)
-    assert newest_snapshot(str(tmp_path), 2).step == 3
-    os.remove(os.path.join(newest_snapshot(str(tmp_path), 2).folder, META_FILE))
-    assert newest_snapshot(str(tmp_path), 2).step == 1
+    assert newest_snapshot(str(tmp_path)).step == 3
+    os.remove(os.path.join(newest_snapshot(str(tmp_path)).folder, META_FILE))
+    assert newest_snapshot(str(tmp_path)).step == 1
 
 
 def test_a_node_without_room_keeps_none_and_says_why(tmp_path, monkeypatch):
@@ -70,7 +71,7 @@ def test_a_node_without_room_keeps_none_and_says_why(tmp_path, monkeypatch):
     snapshots = NodeSnapshots(str(tmp_path / "s"), every=1)
     write(snapshots, 1)
     assert snapshots.off_because.startswith("in-memory snapshots are off on this node: two of them take")
-    assert newest_snapshot(str(tmp_path / "s"), 2) is None
+    assert newest_snapshot(str(tmp_path / "s")) is None
 
 
 def test_each_run_has_a_folder_of_its_own_and_its_end_drops_it(tmp_path, monkeypatch):
@@ -78,7 +79,7 @@ def test_each_run_has_a_folder_of_its_own_and_its_end_drops_it(tmp_path, monkeyp
     assert run_key("/a", "run") != run_key("s3://b", "run") != run_key("/a", "other")
     folder = node_folder("/a", "run")
     write(NodeSnapshots(folder, every=1), 1)
-    assert newest_snapshot(folder, 2).step == 1
+    assert newest_snapshot(folder).step == 1
     drop_node_snapshots("/a", "run")
     assert not os.path.exists(folder)
 
@@ -125,7 +126,7 @@ def test_the_default_cadence_keeps_snapshots_within_their_share_of_the_time():
 
 def test_one_survivor_per_node_saves_a_step_and_only_a_peers_loss_counts(tmp_path):
     """The first rank of a node to claim a step writes its survivor's save (the others
-    return None: one copy per node), found as the newest snapshot of the run's world size;
+    return None: one copy per node), found as the newest snapshot;
     a collective's failure is a peer lost (gloo's words, torch's DistError), another
     error (a bad batch, an optimizer's) never is."""
     import torch.distributed as dist
@@ -137,11 +138,30 @@ def test_one_survivor_per_node_saves_a_step_and_only_a_peers_loss_counts(tmp_pat
     said = snapshots.write_survivor(model, optimizer, {}, TrainState(step=7), {}, rank=1, world_size=2)
     assert said == "rank 1 saved the state of step 7 on its node as a peer was lost"
     assert snapshots.write_survivor(model, optimizer, {}, TrainState(step=7), {}, rank=0, world_size=2) is None
-    found = newest_snapshot(str(tmp_path), world_size=2)
+    found = newest_snapshot(str(tmp_path))
     assert (os.path.basename(found.folder), found.step) == ("survivor", 7)
-    assert newest_snapshot(str(tmp_path), world_size=4) is None
     gloo = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:45269: "
             "Connection reset by peer")
     assert peer_lost(RuntimeError(gloo)) and peer_lost(dist.DistBackendError("NCCL error"))
     assert not peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not peer_lost(ValueError("Connection reset by peer"))
+
+
+def test_rows_of_another_world_size_go_out_whole_from_rank_0():
+    """A snapshot's unsent rows (each rank's list) resumed at its own world size go out
+    with each rank's next report; at another (an elastic restart), no rank holds its own
+    list: rank 0 sends the windows whole at the group's start, the others nothing."""
+    from types import SimpleNamespace
+
+    from ray_ddp.worker.report import Reporter
+
+    rows = [[{"step": s, "rank": r} for s in (5, 10)] for r in (0, 1)]
+
+    def reporter(rank, world):
+        return Reporter(SimpleNamespace(rank=rank, world_size=world), 1e9, torch.device("cpu"), None)
+
+    same = reporter(1, 2)
+    assert same.carry(rows) == [] and same.unsent == rows[1] and same.group_unsent == rows
+    alone = reporter(0, 1)
+    assert alone.carry(rows) == [[rows[0][0], rows[1][0]], [rows[0][1], rows[1][1]]] and alone.unsent == []
+    assert reporter(2, 3).carry(rows) == []
