@@ -28,6 +28,7 @@ from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import read_model_state
 from ray_ddp.checkpoint import hf_export
 from ray_ddp.models.lora import apply_lora
+from ray_ddp.record.folder import RunFolder, run_folder
 from ray_ddp.storage import Storage, local_copy, read_json, resolve_storage
 
 
@@ -71,8 +72,9 @@ def export_model(run: str, storage: str, step: Optional[int] = None, out: Option
     ``max_shard_size``: its largest safetensors file (save_pretrained's)."""
     _check_export_options(format, out, merge, max_shard_size)
     store = resolve_storage(storage)
-    run_path = store.run_path(run)
-    dir_name, meta = _pick_checkpoint(store, run_path, run, storage, step)
+    folder = run_folder(store, run)
+    run_path = folder.path
+    dir_name, meta = _pick_checkpoint(store, folder, run, storage, step)
     files = meta["files"]
     what = f"checkpoint {dir_name} of run {run}"
     config = meta.get("config") or {}
@@ -114,11 +116,11 @@ def _check_export_options(format: str, out: Optional[str], merge: bool, max_shar
                           "pass it with --format hf (--format torch writes base and adapters as the run holds them)")
 
 
-def _pick_checkpoint(store: Storage, run_path: str, run: str, storage: str,
+def _pick_checkpoint(store: Storage, folder: RunFolder, run: str, storage: str,
                      step: Optional[int]) -> tuple[str, dict]:
     """The step folder to export and its header: the newest whole one, or ``step``'s,
     verified (its CRCs too); a run or step with none is the user's mistake, in one line."""
-    scan = find_latest_checkpoint(store.fs, run_path, verify_crc=step is None)
+    scan = find_latest_checkpoint(folder, verify_crc=step is None)
     if scan.newest is None:
         raise ConfigError(f"run {run} has no checkpoint under {store.uri}; `ray-ddp runs --storage "
                           f"{storage}` lists the runs there")
@@ -128,11 +130,11 @@ def _pick_checkpoint(store: Storage, run_path: str, run: str, storage: str,
             raise ConfigError(f"run {run} has no whole checkpoint ({broken})")
         return scan.latest, scan.meta
     dir_name = checkpoint_dir_name(step)
-    meta = read_json(store.fs, f"{run_path}/{dir_name}/{META_FILE}")
+    meta = read_json(store.fs, f"{folder.path}/{dir_name}/{META_FILE}")
     if meta is None:
         raise ConfigError(f"run {run} has no checkpoint at step {step}; its newest is "
                           f"{scan.newest} (pass --step with one of its step-* numbers)")
-    problem = checkpoint_file_problem(store.fs, f"{run_path}/{dir_name}", meta, verify_crc=True)
+    problem = checkpoint_file_problem(store.fs, f"{folder.path}/{dir_name}", meta, verify_crc=True)
     if problem is not None:
         raise ConfigError(f"checkpoint {dir_name} of run {run} is unusable: {problem}")
     return dir_name, meta

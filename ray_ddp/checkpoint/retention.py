@@ -1,4 +1,4 @@
-"""Which checkpoints a run keeps: with ``--keep-best``, the newest ``--keep`` and the
+"""The checkpoints a run folder holds, and which of them it keeps: with ``--keep-best``, the newest ``--keep`` and the
 one with the lowest validation loss (Ray keeps the newest alone). Runs in Ray Train's
 controller (the metrics callback) and on the driver.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ray_ddp.checkpoint.names import checkpoint_dir_name
+from ray_ddp.record.folder import RunFolder
 
 
 def best_checkpoint(names: list[str], evals: list[dict[str, Any]]) -> Optional[str]:
@@ -17,13 +18,20 @@ def best_checkpoint(names: list[str], evals: list[dict[str, Any]]) -> Optional[s
     return min(scored)[1] if scored else None
 
 
-def prune_checkpoints(fs, run_path: str, keep: int, evals: list[dict[str, Any]]) -> None:
-    """--keep-best: keep the newest ``keep`` checkpoints and the best one, delete the rest."""
+def checkpoint_names(folder: RunFolder) -> list[str]:
+    """The run folder's checkpoint folders (``step-*``), oldest first; none if the run
+    has no folder yet."""
     from pyarrow.fs import FileSelector, FileType
 
-    names = sorted(i.base_name for i in fs.get_file_info(FileSelector(run_path))
-                   if i.type == FileType.Directory and i.base_name.startswith("step-"))
+    return sorted(i.base_name for i in folder.fs.get_file_info(FileSelector(folder.path, allow_not_found=True))
+                  if i.type == FileType.Directory and i.base_name.startswith("step-"))
+
+
+def prune_checkpoints(folder: RunFolder, keep: int, evals: list[dict[str, Any]]) -> None:
+    """--keep-best: keep the newest ``keep`` checkpoints of the run folder and the best
+    one, delete the rest."""
+    names = checkpoint_names(folder)
     kept = set(names[-keep:]) | {best_checkpoint(names, evals)}
     for name in names:
         if name not in kept:
-            fs.delete_dir(f"{run_path}/{name}")
+            folder.fs.delete_dir(f"{folder.path}/{name}")

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 import torch
 from torch import nn
+from ray_ddp.record.folder import RunFolder
 from ray_ddp.storage import read_json
 from ray_ddp.checkpoint.format import META_FILE, unexpected_file
+from ray_ddp.checkpoint.retention import checkpoint_names
 
 
 def file_fingerprint(path: str) -> dict[str, int]:
@@ -68,24 +70,20 @@ class CheckpointScan:
     newest: Optional[str] = None  # the newest step folder, whole or not
 
 
-def find_latest_checkpoint(fs, run_path: str, verify_crc: bool = False) -> CheckpointScan:
-    """Scan ``step-*`` folders newest first; the first whose files match its meta.json wins.
+def find_latest_checkpoint(folder: RunFolder, verify_crc: bool = False) -> CheckpointScan:
+    """Scan the run folder's ``step-*`` folders newest first; the first whose files match
+    its meta.json wins.
 
     Sizes are always compared; ``verify_crc`` also reads every file and compares its
     CRC-32 (what the driver does before it trusts a checkpoint to resume from: a file of
     the right size may still be corrupt).
     """
-    from pyarrow.fs import FileSelector, FileType
-
+    fs, run_path = folder.fs, folder.path
     scan = CheckpointScan()
     try:
-        infos = fs.get_file_info(FileSelector(run_path, allow_not_found=True))
+        names = checkpoint_names(folder)[::-1]
     except FileNotFoundError:
         return scan
-    names = sorted(
-        (i.base_name for i in infos if i.type == FileType.Directory and i.base_name.startswith("step-")),
-        reverse=True,
-    )
     scan.newest = names[0] if names else None
     for name in names:
         try:

@@ -35,7 +35,7 @@ class StartState:
 def find_start(cfg: TrainConfig, store: Storage, data_shape, echo: Callable[[str], None]) -> StartState:
     """The newest whole checkpoint of the run (every file checked), whether this command
     can resume from it, and whether there is anything left to train."""
-    scan = find_latest_checkpoint(store.fs, store.run_path(cfg.name), verify_crc=True)
+    scan = find_latest_checkpoint(run_folder(store, cfg.name), verify_crc=True)
     _say_broken(cfg, scan, echo)
     resumed_from = store.uri_of(cfg.name, scan.latest) if scan.latest else None
     complete = False

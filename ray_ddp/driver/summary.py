@@ -10,12 +10,12 @@ from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import Placement
-from ray_ddp.record.folder import METRICS_FILE, PROFILE_FOLDER, run_folder
+from ray_ddp.record.folder import METRICS_FILE, PROFILE_FOLDER, RunFolder, run_folder
 from ray_ddp.storage import Storage, read_table, write_json
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.plan import saved_run_config
 from ray_ddp.record.status import read_events
-from ray_ddp.checkpoint.retention import best_checkpoint
+from ray_ddp.checkpoint.retention import best_checkpoint, checkpoint_names
 from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
 
 
@@ -93,7 +93,7 @@ def describe_startup(marks: dict[str, float], table) -> Optional[dict[str, float
     return out
 
 
-def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs,
+def summarize_evals(evals: list[dict[str, Any]], folder: RunFolder,
                     uri_of: Optional[Callable[[str], str]]) -> dict[str, Any]:
     """summary.json's validation fields from eval.parquet's rows; ``uri_of`` (a
     checkpoint's name -> its URI) given (with --keep-best): also the kept checkpoint whose
@@ -104,11 +104,7 @@ def summarize_evals(evals: list[dict[str, Any]], run_path: str, fs,
     out = {"val_loss": last["loss"], "best_val_loss": min(r["loss"] for r in evals),
            "val_accuracy": last.get("accuracy"), "val_perplexity": last.get("perplexity")}
     if uri_of is not None:
-        from pyarrow.fs import FileSelector, FileType
-
-        names = [i.base_name for i in fs.get_file_info(FileSelector(run_path))
-                 if i.type == FileType.Directory and i.base_name.startswith("step-")]
-        best = best_checkpoint(names, evals)
+        best = best_checkpoint(checkpoint_names(folder), evals)
         out["best_checkpoint"] = uri_of(best) if best else None
     return out
 
@@ -126,13 +122,12 @@ def write_summary(cfg: TrainConfig, store: Storage, placement: Optional[Placemen
                    marks: Optional[dict[str, float]] = None,
                    resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
     folder = run_folder(store, cfg.name)
-    run_path = folder.path
-    scan = find_latest_checkpoint(store.fs, run_path)
+    scan = find_latest_checkpoint(folder)
     meta = scan.meta or {}
     saved_cfg = saved_run_config(meta)
     table = read_metrics(folder)
     evals = read_table(store.fs, folder.evals)
-    validation = summarize_evals(evals.to_pylist() if evals is not None else [], run_path, store.fs,
+    validation = summarize_evals(evals.to_pylist() if evals is not None else [], folder,
                                  (lambda best: store.uri_of(cfg.name, best)) if cfg.keep_best else None)
     resumed_step = int(resumed_meta["step"]) if resumed_meta else 0
     has_rows = table is not None and table.num_rows > 0

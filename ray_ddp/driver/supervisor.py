@@ -122,7 +122,7 @@ class FitSupervisor:
         else the failure raised with the reason."""
         if self.pending and err.failure is not None:  # the watch ended the group: say why
             err = TrainingError(self.pending[-1].cause.removeprefix("hang: "), err.failure, err.step)
-        self.scan = find_latest_checkpoint(self.folder.fs, self.folder.path, verify_crc=True)
+        self.scan = find_latest_checkpoint(self.folder, verify_crc=True)
         decision = self._decide(err)
         if decision is None:  # Ray's controller failed: no rank to name, nothing to decide
             raise err

@@ -85,7 +85,7 @@ class MetricsCallback(UserCallback):
         if any("val_loss" in window[0] for window in windows) or (checkpoint is not None and self._table.evals):
             self._table.write_evals(folder)
         if checkpoint is not None and self.keep_best:
-            prune_checkpoints(folder.fs, folder.path, self.keep, self._table.evals)
+            prune_checkpoints(folder, self.keep, self._table.evals)
 
     def _keep_carried(self, windows: list[list[dict[str, Any]]]) -> None:
         """The windows a node's snapshot of another world size held (an elastic restart's;

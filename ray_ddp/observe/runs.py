@@ -58,7 +58,6 @@ def list_runs(storage: str, now: Optional[float] = None) -> list[RunListing]:
 
 def describe_run(store: Storage, name: str, now: float) -> Optional[RunListing]:
     folder = run_folder(store, name)
-    run_path = folder.path
     try:
         status = read_status(folder)
     except StorageError:
@@ -69,7 +68,7 @@ def describe_run(store: Storage, name: str, now: float) -> Optional[RunListing]:
         progress = read_progress(folder) or Progress(0.0)
     except StorageError:
         progress = Progress(0.0)  # the listing shows what it can
-    scan = find_latest_checkpoint(store.fs, run_path)
+    scan = find_latest_checkpoint(folder)
     state = status.state
     last_seen = max(status.updated or 0, progress.time)
     if state == "running" and now - last_seen > LOST_AFTER_S:

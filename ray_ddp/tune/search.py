@@ -273,7 +273,7 @@ def collect_trials(tc: TuneConfig, name: str, trials: list, store, root: str) ->
 
 
 def _latest_checkpoint(folder: RunFolder) -> Optional[str]:
-    latest = find_latest_checkpoint(folder.fs, folder.path).latest
+    latest = find_latest_checkpoint(folder).latest
     return f"{folder.path}/{latest}" if latest else None
 
 

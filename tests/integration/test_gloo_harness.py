@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
+
+from ray_ddp.record.folder import run_folder
 from ray_ddp.observe.runs import list_runs
 from ray_ddp.storage import resolve_storage
 
@@ -38,6 +40,6 @@ def test_the_harness_trains_the_windows_and_weights_of_a_ray_train_run(full_run,
     assert [r["step"] for r in ours if r["weights_hash"] is not None and r["rank"] == 0] == [10, 20, 30]
     assert summary.epochs_completed == 3 and summary.final_loss == pytest.approx(full_run.final_loss, rel=1e-6)
     store = resolve_storage(str(storage))
-    scan = find_latest_checkpoint(store.fs, store.run_path(name), verify_crc=True)
+    scan = find_latest_checkpoint(run_folder(store, name), verify_crc=True)
     assert scan.latest == "step-00000030" and not scan.broken and scan.meta["world_size"] == 2
     assert {r.name: r for r in list_runs(str(storage))}[name].state == "complete"

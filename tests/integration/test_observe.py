@@ -69,6 +69,7 @@ def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(full_story, 
     # and named; TensorBoard gets the metrics; validation shows in the progress line; its
     # file:// URI holds its checkpoint, metrics and summary
     from ray_ddp.checkpoint.verify import find_latest_checkpoint
+    from ray_ddp.record.folder import run_folder
     from ray_ddp.storage import resolve_storage
 
     summary, lines, _ = full_story
@@ -87,7 +88,7 @@ def test_straggler_is_warned_about_and_tensorboard_gets_the_metrics(full_story, 
     assert len(pq.read_table(storage / "full" / "metrics.parquet")) == 2 * 6  # 2 ranks, a window every 5 of 30 steps
     assert json.loads((storage / "full" / "summary.json").read_text())["run"] == "full"
     store = resolve_storage(uri)  # what a resume would find, through the same filesystem
-    assert find_latest_checkpoint(store.fs, store.run_path("full")).latest == "step-00000030"
+    assert find_latest_checkpoint(run_folder(store, "full")).latest == "step-00000030"
 
 
 def test_operators_see_the_run_in_rays_prometheus_and_in_wandb(full_story, storage):

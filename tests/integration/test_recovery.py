@@ -21,6 +21,7 @@ import pytest
 from ray_ddp import ConfigError, TrainingError, run
 from ray_ddp.checkpoint.format import MODEL_FILE
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
+from ray_ddp.record.folder import run_folder
 from ray_ddp.observe.runs import list_runs
 from ray_ddp.storage import resolve_storage
 
@@ -73,7 +74,7 @@ def test_interrupted_driver_then_same_command_matches(full_run, storage, ray_add
     assert proc.returncode == 130, err
     assert "interrupted; run the same command again to resume" in err and "Traceback" not in err
     store = resolve_storage(str(storage))
-    assert find_latest_checkpoint(store.fs, store.run_path(name)).meta["epoch"] < 3
+    assert find_latest_checkpoint(run_folder(store, name)).meta["epoch"] < 3
     listed = {r.name: r for r in list_runs(str(storage))}[name]
     assert listed.state == "interrupted" and listed.epochs_done < 3 and listed.epochs == 3
 
@@ -126,7 +127,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(ray_local, storage):
     assert "loss became non-finite (NaN or inf) on ranks 0, 1 in epoch 2 by step 15" in message, message
     assert {r.name: r for r in list_runs(str(storage))}[name].state == "failed"
     store = resolve_storage(str(storage))
-    scan = find_latest_checkpoint(store.fs, store.run_path(name))
+    scan = find_latest_checkpoint(run_folder(store, name))
     assert scan.latest == "step-00000010" and not scan.broken
 
 

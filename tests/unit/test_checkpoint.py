@@ -11,6 +11,7 @@ import torch
 from ray_ddp.checkpoint.format import MODEL_FILE, STATE_FILE, TrainState, capture_rng, save_checkpoint, snapshot_checkpoint, write_checkpoint
 from ray_ddp.errors import CheckpointError
 from ray_ddp.checkpoint.verify import find_latest_checkpoint, verify_checkpoint, weights_hash
+from ray_ddp.record.folder import run_folder
 from ray_ddp.checkpoint.load import load_checkpoint
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.models.builtin import ToyModel
@@ -106,10 +107,10 @@ def test_find_latest_skips_folders_without_meta(tmp_path):
         save_checkpoint(str(d), model, opt, TrainState(step // 10, step, []), {}, rank=0)
     (tmp_path / "run" / "step-00000030").mkdir()  # an upload that never finished
     store = resolve_storage(str(tmp_path))
-    scan = find_latest_checkpoint(store.fs, store.run_path("run"))
+    scan = find_latest_checkpoint(run_folder(store, "run"))
     assert (scan.latest, scan.meta["step"]) == ("step-00000020", 20)
     assert scan.broken == [("step-00000030", "meta.json is missing or unreadable (a write that never finished)")]
-    assert find_latest_checkpoint(store.fs, store.run_path("nothing")).latest is None
+    assert find_latest_checkpoint(run_folder(store, "nothing")).latest is None
 
 
 def test_truncated_and_corrupt_files_are_named(tmp_path):

@@ -138,6 +138,7 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused_before_any_c
     """meta.json is read from storage: a name like ../../x would have export copy (and a
     resume or verification read) outside the checkpoint. Every such name is refused."""
     from ray_ddp.checkpoint.verify import find_latest_checkpoint
+    from ray_ddp.record.folder import run_folder
     from ray_ddp.storage import resolve_storage
 
     folder = write_sharded(tmp_path / "runs" / "gpt", *trained())
@@ -148,7 +149,7 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused_before_any_c
     (folder / META_FILE).write_text(json.dumps(meta))
     problem = "meta.json names a file no checkpoint holds ('../../secret.txt'): it was not written by ray_ddp"
     store = resolve_storage(str(tmp_path / "runs"))
-    scan = find_latest_checkpoint(store.fs, store.run_path("gpt"), verify_crc=True)
+    scan = find_latest_checkpoint(run_folder(store, "gpt"), verify_crc=True)
     assert scan.latest is None and scan.broken == [(folder.name, problem)]
     assert verify_checkpoint(str(folder)) == problem
     monkeypatch.chdir(tmp_path)
