@@ -60,7 +60,4 @@ class GroupEvents:
             return
         last, world = before
         if world != len(first_window):
-            # after the step it resumed from: a window's end, or a node's snapshot of a step within one
-            resumed = min(first_window, key=lambda m: m.get("rank", 0)).get("resumed_at")
-            at = last if resumed is None else max(last, int(resumed))
-            self.add(resize_event(at, world, len(first_window)), recorded=False)
+            self.add(resize_event(last, world, len(first_window)), recorded=False)

@@ -156,8 +156,9 @@ class WorkerRun:
         self.snapshot_agreed = False  # the default cadence's: agreed at this step's window end
         self.reporter.snapshots_by_cost = snapshots is not None and snapshots.every is None
         # resumed from a snapshot: the rows it held go out first; a node's snapshot of another
-        # world size (an elastic restart) sends them whole at once (a checkpoint's in storage
-        # of another world size went out with the report Ray took it with)
+        # world size (an elastic restart) sends them whole at once. (A checkpoint in storage
+        # of another world size carries none: its rows went out with its report, unless Ray
+        # never took that report, a rarer loss left as it is.)
         carried = state.rows if len(state.rows) == cut.world or state.loaded_from_node is not None else []
         self.carried_windows = self.reporter.carry(carried) if carried else []
 

@@ -134,8 +134,10 @@ class Reporter:
 
     def say_started(self, fields: dict[str, Any]) -> None:
         """A report without rows, at a group's start: where it resumed (every rank reports:
-        Ray's report is a barrier), so the driver's line says it before any window ends."""
-        self.session.report_and_wait({"group_started": fields})
+        Ray's report is a barrier), so the driver's line says it before any window ends.
+        Rank 0's may carry another world size's rows (``carried``), held nowhere else: it
+        waits until Ray has taken them."""
+        self.session.report_and_wait({"group_started": fields}, holds_rows="carried" in fields)
 
     def send(self) -> None:
         self.session.report(self._payload())

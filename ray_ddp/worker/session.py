@@ -25,6 +25,9 @@ import torch
 
 # the longest a report waits to be taken by the controller (it polls every second: runtime_env.py)
 TAKEN_WITHIN_S = 5.0
+# How long a report that alone holds rows waits to be taken (an elastic restart's carried
+# windows): the controller takes one each second; past this, it is gone too.
+HOLDING_ROWS_WITHIN_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,12 @@ class RayTrainSession:
         ray.train.report(metrics, checkpoint=empty, checkpoint_dir_name=checkpoint_name,
                          checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC, checkpoint_upload_fn=upload)
 
-    def report_and_wait(self, metrics: dict[str, Any]) -> None:
+    def report_and_wait(self, metrics: dict[str, Any], holds_rows: bool = False) -> None:
         """Report ``metrics`` (no checkpoint) and wait, at most TAKEN_WITHIN_S, until Ray
         Train's controller has taken them: Ray drops a report its controller has not yet
         polled when the worker dies, and a group that fails at once must still have told
-        the driver where it started."""
+        the driver where it started. ``holds_rows``: the report is the only place some
+        metrics rows are (no snapshot of this group holds them): up to HOLDING_ROWS_WITHIN_S."""
         ray.train.report(metrics, checkpoint=None)
         try:  # Ray Train V2's queue of reports to the controller (one at most): internal
             from ray.train.v2._internal.execution.context import get_train_context
@@ -89,7 +93,7 @@ class RayTrainSession:
             reports = get_train_context().get_result_queue()
         except Exception:  # moved in another Ray: the report still goes, unwaited
             return
-        deadline = time.monotonic() + TAKEN_WITHIN_S
+        deadline = time.monotonic() + (HOLDING_ROWS_WITHIN_S if holds_rows else TAKEN_WITHIN_S)
         while reports.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.05)
 

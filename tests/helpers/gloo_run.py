@@ -160,7 +160,7 @@ class GlooSession:
         self.reports.put(("report", self.rank, (metrics, path)))
         dist.barrier()
 
-    def report_and_wait(self, metrics: dict) -> None:
+    def report_and_wait(self, metrics: dict, holds_rows: bool = False) -> None:
         self.report(metrics)  # taken by the harness's loop in order: nothing to wait for
 
 
