@@ -11,8 +11,9 @@ rank removes the slot's meta.json before it writes, so a slot cut short is never
 
 A restart takes the newest step (not older than the newest checkpoint in storage) whose
 files the live nodes hold between them: a rank whose node lacks its own file, or
-train_state.pt, gets it from the lowest rank whose node holds it, over the group. A whole
-node lost takes its ranks' shards with it: the restart then goes on to run storage. No
+train_state.pt, gets it from the lowest rank whose node holds it, over the group. Under
+FSDP a whole node lost takes its ranks' shards with it: the restart then goes on to run
+storage; under HSDP a replica's file stands in for a rank's own (``shard_copies``). No
 survivor saves under a sharded strategy: a rank holds only its shards, the dead one's
 are gone with it (the snapshot is the restart's state).
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pyarrow.fs as pafs
 import torch
@@ -44,6 +45,18 @@ from ray_ddp.errors import CheckpointError
 def shard_file(rank: int) -> str:
     """The file of rank ``rank``'s shards in a slot."""
     return f"rank-{rank}.pt"
+
+
+def shard_copies(model: nn.Module, world: int) -> Callable[[int], list[str]]:
+    """The files that hold a rank's shards, its own first: under HSDP also its replicas'
+    (the ranks at its place in the other shard groups hold the very same shards, kept
+    alike by the all-reduce across groups), so a node lost with its ranks' snapshots
+    loses no step while a replica's node holds them; under FSDP its own alone."""
+    from torch.distributed.tensor import DTensor
+
+    mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+    group = mesh.size(mesh.ndim - 1) if mesh is not None else world  # the shard dimension is the last
+    return lambda r: [shard_file(q) for q in (r, *(q for q in range(r % group, world, group) if q != r))]
 
 
 def local_shards(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -209,30 +222,37 @@ def load_shard_snapshot(folder: str, stored_step: int, model: nn.Module, optimiz
     mine = {held.step: held for held in held_slots(folder, world)}
     everyone: list = [None] * world
     dist.all_gather_object(everyone, (node_id, {step: held.files for step, held in mine.items()}))
-    needed = {shard_file(r) for r in range(world)} | {STATE_FILE}
+    copies = shard_copies(model, world)
+
+    def whole(step: int) -> bool:  # every rank's shards (its own file or a replica's) and the rest
+        held = {name for _, files in everyone for name in files.get(step, {})}
+        return STATE_FILE in held and all(any(name in held for name in copies(r)) for r in range(world))
+
     steps = sorted({step for _, held in everyone for step in held if step >= stored_step}, reverse=True)
-    step = next((s for s in steps if needed <= {name for _, held in everyone for name in held.get(s, {})}), None)
+    step = next((s for s in steps if whole(s)), None)
     if step is None:
         return None
     fetched = os.path.join(folder, f"fetched-r{rank}")
     paths, source_node = {}, node_id
     try:
         for r in range(world):  # in the same order on every rank: each missing file is one broadcast
-            for name in (shard_file(r), STATE_FILE):
+            for wanted, names in ((shard_file(r), copies(r)), (STATE_FILE, [STATE_FILE])):
                 have = everyone[r][1].get(step, {})
-                if name in have:
+                near = next((name for name in names if name in have), None)
+                if near is not None:  # on rank r's node
                     if r == rank:
-                        paths[name] = os.path.join(mine[step].folder, name)
+                        paths[wanted] = os.path.join(mine[step].folder, near)
                     continue
-                holder = min(q for q in range(world) if name in everyone[q][1].get(step, {}))
+                holder, name = min((q, name) for name in names for q in range(world)
+                                   if name in everyone[q][1].get(step, {}))
                 want = everyone[holder][1][step][name]
                 if r == rank:
                     os.makedirs(fetched, exist_ok=True)
-                    paths[name], source_node = os.path.join(fetched, name), everyone[holder][0]
+                    paths[wanted], source_node = os.path.join(fetched, wanted), everyone[holder][0]
                 broadcast_file(os.path.join(mine[step].folder, name) if rank == holder else None, want["bytes"],
-                               holder, paths[name] if r == rank else None, collective_device())
-                if r == rank and file_fingerprint(paths[name]) != want:
-                    paths.pop(name)
+                               holder, paths[wanted] if r == rank else None, collective_device())
+                if r == rank and file_fingerprint(paths[wanted]) != want:
+                    paths.pop(wanted)
         if not usable_on_every_rank(len(paths) == 2):
             if rank == 0:
                 print(f"the snapshot of step {step} could not be sent whole to every rank: resuming from run "

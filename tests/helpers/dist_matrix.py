@@ -225,7 +225,7 @@ def load_a_sharded_checkpoint(rank: int, world: int, folder: str, strategy: str 
     return weights_hash(model), int(optimizer.state_dict()["state"][0]["step"])
 
 
-def _sharded_gpt(seed: int, strategy: str = "fsdp"):
+def _sharded_gpt(seed: int, strategy: str = "fsdp", shard_size: int = 2):
     from ray_ddp.config.train import TrainConfig
     from ray_ddp.models.builtin import GPT
     from ray_ddp.parallel.build import build_strategy
@@ -233,7 +233,7 @@ def _sharded_gpt(seed: int, strategy: str = "fsdp"):
 
     torch.manual_seed(seed)
     cpu = torch.device("cpu")
-    cfg = TrainConfig(strategy=strategy, model="gpt", fsdp_shard_size=2 if strategy == "hsdp" else None)
+    cfg = TrainConfig(strategy=strategy, model="gpt", fsdp_shard_size=shard_size if strategy == "hsdp" else None)
     model = shard_model(GPT(vocab_size=16, width=8, depth=2, heads=2, seq_len=4), cfg, cpu,
                         build_strategy(cfg).mesh(cpu))
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -444,3 +444,49 @@ def shard_snapshot_edges(rank: int, world: int, root: str) -> tuple:
     broken = NodeShardSnapshots(full, 1, f"node-{rank}", lowest=True)
     broken.write(model, optimizer, {}, TrainState(step=7, epoch_step=7), {}, rank, world)
     return before, after, broken.off_because, bool(held_slots(full, world))
+
+
+def resume_hsdp_when_a_node_is_lost(rank: int, world: int, root: str) -> tuple:
+    """HSDP over 2 ranks, each its own shard group (``--fsdp-shard-size 1``): the two are
+    replicas, each rank on a node of its own. 3 AdamW steps, snapshots after steps 2 and
+    3; rank 1's node is lost, and rank 1 restarts on a new node: its shards are its
+    replica's, sent from rank 0's node. What the resume loaded (step, the node its shards
+    came from, the weights' hash, AdamW's step count), and the hash after step 3."""
+    import os
+    import shutil
+
+    import torch.distributed as dist
+
+    from ray_ddp.checkpoint.format import TrainState
+    from ray_ddp.checkpoint.resume import load_checkpoint_to_resume
+    from ray_ddp.checkpoint.shard_snapshots import NodeShardSnapshots
+    from ray_ddp.checkpoint.snapshots import SNAPSHOT_DIR_ENV, node_folder
+    from ray_ddp.checkpoint.verify import weights_hash
+    from ray_ddp.config.train import TrainConfig
+    from ray_ddp.parallel.build import build_strategy
+    from ray_ddp.record.folder import run_folder
+    from ray_ddp.storage import resolve_storage
+
+    cfg = TrainConfig(strategy="hsdp", fsdp_shard_size=1, model="gpt", storage=root, name="r")
+    os.environ[SNAPSHOT_DIR_ENV] = os.path.join(root, f"node{rank}")
+    model, optimizer = _sharded_gpt(seed=0, strategy="hsdp", shard_size=1)
+    writer = NodeShardSnapshots(node_folder(root, "r"), 1, f"node{rank}", lowest=True)
+    ids = torch.randint(0, 16, (4, 4), generator=torch.Generator().manual_seed(rank))
+    for step in (1, 2, 3):
+        optimizer.zero_grad()
+        model(ids).float().pow(2).mean().backward()
+        optimizer.step()
+        if step >= 2:
+            writer.write(model, optimizer, {}, TrainState(step=step, epoch_step=step), {}, rank, world)
+    dist.barrier()
+    if rank == 1:  # rank 1's node is lost with its shards; it restarts on a new node
+        shutil.rmtree(os.path.join(root, "node1"))
+        os.environ[SNAPSHOT_DIR_ENV] = os.path.join(root, "node2")
+    dist.barrier()
+    fresh, fresh_optimizer = _sharded_gpt(seed=1, strategy="hsdp", shard_size=1)
+    state = load_checkpoint_to_resume(cfg, run_folder(resolve_storage(root), "r"), None, None, None,
+                                      build_strategy(cfg), fresh, fresh_optimizer, {},
+                                      node_id="node0" if rank == 0 else "node2")
+    steps = fresh_optimizer.state_dict()["state"]
+    return (state.step, state.loaded_from_node, weights_hash(fresh), int(steps[0]["step"]) if steps else 0,
+            weights_hash(model))

@@ -165,6 +165,19 @@ def test_a_restarted_group_resumes_from_the_shards_its_nodes_hold_in_memory(tmp_
     assert set(torch.load(slot / "rank-1.pt", weights_only=True)) == {"model", "optim"}
 
 
+def test_under_hsdp_a_lost_nodes_shards_come_from_their_replica(tmp_path):
+    """HSDP's replicas hold the same shards: a node lost with its ranks' snapshots is no
+    loss of the step (under FSDP it is: test above), its ranks' shards are their
+    replicas', sent over the group, with the exact weights and AdamW state."""
+    from dist_matrix import resume_hsdp_when_a_node_is_lost, run_on_ranks
+
+    got = run_on_ranks(2, resume_hsdp_when_a_node_is_lost, str(tmp_path))
+    trained = got[0][4]
+    assert got[1][4] == trained
+    assert [g[:4] for g in got] == [(3, "node0", trained, 3)] * 2
+    assert not list(tmp_path.rglob("fetched-*"))
+
+
 def test_a_restarted_groups_snapshots_never_mix_with_an_earlier_groups_and_a_failed_write_stops_them_all(tmp_path):
     from dist_matrix import run_on_ranks, shard_snapshot_edges
 
