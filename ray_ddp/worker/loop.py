@@ -147,7 +147,7 @@ class WorkerRun:
         self.profile = ProfileState(cfg.profile, rank, plan.run.folder, device)
         self.validator = Validator(cfg, val_set, task, parts, rank, cut.world, collective,
                                    on_batch=heartbeat.tick, folder=plan.run.folder)
-        self.validator.resume_early_stop(state.step)  # --early-stop's count survives a resume
+        self.validator.resume_early_stop(state.step, state.rows)  # --early-stop's count survives a resume
         self.preemptions = PreemptionState()
         self.window = WindowState.start(device, parts.devices[-1])
         self.flops = (flops_per_token(parts.model), peak_flops(parts.devices))  # for mfu, once

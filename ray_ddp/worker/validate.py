@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -45,16 +45,21 @@ class Validator:
         """--early-stop's count has been reached: the loop ends (the same on every rank)."""
         return self.early_stop is not None and self.early_stop.stopped
 
-    def resume_early_stop(self, step: int) -> None:
+    def resume_early_stop(self, step: int, unsent: Sequence[list[dict[str, Any]]] = ()) -> None:
         """Put back --early-stop's count on a resume from global step ``step``: replay the
         run's earlier validations (eval.parquet, the rows up to that step: the history of
-        the checkpoint that was loaded). Rank 0 reads the table and hands the rows on, so
-        every rank counts from the same history even if the file changes meanwhile."""
+        the checkpoint that was loaded), and those among the metrics rows the loaded state
+        holds unsent (``unsent``: each rank's; a snapshot's, whose validations reached no
+        table yet). Rank 0 reads the table and hands the rows on, so every rank counts
+        from the same history even if the file changes meanwhile."""
         if self.early_stop is None or step == 0:
             return
         rows = [read_eval_history(self.folder, step) if self.rank == 0 else None]
         dist.broadcast_object_list(rows, src=0)
-        self.early_stop.replay(rows[0])
+        by_step = {r["step"]: r for r in rows[0]}
+        by_step.update({r["step"]: {"epoch": r["epoch"], "step": r["step"], "loss": r["val_loss"]}
+                        for r in (unsent[0] if unsent else []) if r.get("val_loss") is not None})
+        self.early_stop.replay(by_step.values())
 
     def should_validate(self, epoch_done: int, step: int) -> bool:
         """At an epoch's end (``epoch_done`` > 0: every --eval-every epochs and after the

@@ -97,6 +97,20 @@ def test_a_resume_counts_on_from_the_validations_up_to_its_checkpoint(one_rank_g
     assert off.early_stop is None and not off.stopped
 
 
+def test_a_resume_from_a_snapshot_counts_the_validations_its_unsent_rows_hold(one_rank_group, tmp_path):
+    """A snapshot (or a checkpoint whose report Ray never took) holds metrics rows no
+    report sent: their validations are in no eval.parquet yet, and count all the same,
+    once (a step in both counts once), as they did in the run that made them."""
+    write_evals(tmp_path, [0.5, 0.6])  # epochs 1 and 2 reached the table
+    unsent = [[{"epoch": 2, "step": 20, "val_loss": 0.6}, {"epoch": 3, "step": 25},
+               {"epoch": 3, "step": 30, "val_loss": 0.7}],
+              [{"epoch": 2, "step": 20, "val_loss": 0.6}, {"epoch": 3, "step": 25},
+               {"epoch": 3, "step": 30, "val_loss": 0.7}]]  # every rank's, alike
+    validator = Validator(run_cfg(tmp_path), None, None, None, 0, 1, torch.device("cpu"), folder=es_folder(tmp_path))
+    validator.resume_early_stop(30, unsent)
+    assert (validator.early_stop.stale, validator.early_stop.best_epoch) == (2, 1) and validator.stopped
+
+
 def test_validation_rows_carry_the_count(one_rank_group, tmp_path):
     from ray_ddp.tasks.build import build_task
 
