@@ -7,7 +7,6 @@ worker (Ray pickles the WorkerPlan into the trainer's train_loop_config).
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -44,8 +43,8 @@ class BatchPlan:
         return BatchCut(world, self.global_batch, max(1, -(-self.global_batch // (world * self.batch_size))))
 
 
-# What a RunPlan decides over the user's config, by TrainConfig field: the run's config
-# (``RunPlan.run_config``) carries these values; checkpoints store them apart (``plan``).
+# What a RunPlan decides over the user's config, by TrainConfig field: read off the plan,
+# never off a config; checkpoints store them apart (``plan``).
 PLANNED_FIELDS = ("task", "input_dim", "output_dim", "num_classes", "global_batch", "steps_per_epoch",
                   "workers", "gpus_per_worker", "cpus_per_worker", "backend")
 
@@ -76,10 +75,12 @@ class RunPlan:
         return {name: self.batch.global_batch if name == "global_batch" else getattr(self, name)
                 for name in PLANNED_FIELDS}
 
-    def run_config(self) -> TrainConfig:
-        """The options the run trains with: the user's, with the plan's values in place of
-        what they left to the data and the cluster (what models, tasks and sources read)."""
-        return dataclasses.replace(self.config, **self.planned())
+    def resolved_options(self) -> dict[str, Any]:
+        """Every option as the run trains with it, as a tracker records it: the user's,
+        with the plan's values in place of what they left to the data and the cluster.
+        (Code reads the plan's values off the plan: ``run.task``, ``run.input_dim``, ...;
+        the user's off ``run.config``.)"""
+        return {**self.config.to_dict(), **self.planned()}
 
 
 def saved_run_config(meta: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import functools
 import os
 import types
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence
 from ray_ddp.config.choices import SHARDED_STRATEGIES
 from ray_ddp.config.train import TrainConfig
 
@@ -23,17 +23,18 @@ from ray_ddp.config.train import TrainConfig
 FSDP_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 
-def worker_runtime_env(cfg: TrainConfig, objects: Sequence[Any] = ()) -> dict[str, Any]:
+def worker_runtime_env(cfg: TrainConfig, gpus_per_worker: Optional[int], objects: Sequence[Any] = ()) -> dict[str, Any]:
     """The one place that sets workers' environment: a user model, dataset, loss or
     collate function (``package.module:callable``, or an object the Python API passed:
     object_modules) must import on the workers as it did here; under FSDP on CPU,
     glibc's mmap threshold is fixed (FSDP_MALLOC_ENV); under --hang-timeout, PyTorch's
     flight recorder records (flight_recorder_env); with snapshots on GPUs, NCCL's errors
-    raise where a survivor can save (nccl_error_env)."""
+    raise where a survivor can save (nccl_error_env). ``gpus_per_worker``: the plan's
+    (the placement's), not the flag's."""
     modules = user_modules(cfg) + [m for obj in objects for m in object_modules(obj)]
     env = importable_env(*modules) if modules else {}
-    extra = {**flight_recorder_env(cfg.name, cfg.hang_timeout), **nccl_error_env(cfg)}
-    if cfg.strategy in SHARDED_STRATEGIES and not cfg.gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+    extra = {**flight_recorder_env(cfg.name, cfg.hang_timeout), **nccl_error_env(cfg, gpus_per_worker)}
+    if cfg.strategy in SHARDED_STRATEGIES and not gpus_per_worker and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         extra.update(FSDP_MALLOC_ENV)
     if extra:
         env = {**env, "env_vars": {**env.get("env_vars", {}), **extra}}
@@ -63,8 +64,8 @@ def flight_recorder_env(name: str, hang_timeout: float) -> dict[str, str]:
 # the training thread instead, where the survivor's save runs; Ray Train then ends the
 # group as it would have. Set only where a survivor would save (snapshots on, GPUs); a
 # value in the driver's environment wins.
-def nccl_error_env(cfg: TrainConfig) -> dict[str, str]:
-    if not cfg.gpus_per_worker or cfg.snapshot_every_steps == 0 or cfg.strategy != "ddp" \
+def nccl_error_env(cfg: TrainConfig, gpus_per_worker: Optional[int]) -> dict[str, str]:
+    if not gpus_per_worker or cfg.snapshot_every_steps == 0 or cfg.strategy != "ddp" \
             or "TORCH_NCCL_ASYNC_ERROR_HANDLING" in os.environ:
         return {}
     return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 import torch
 from ray_ddp.config.train import TrainConfig
-from ray_ddp.plan import BatchCut
+from ray_ddp.plan import BatchCut, RunPlan
 from ray_ddp.data.sources import IndexedSource, Source, StreamSource, ValBatches, part_bounds, tensor_fetcher
 from ray_ddp.data.synth import SyntheticSource, teacher_weights
 from ray_ddp.data.user import load_user_dataset, rows_fetcher
@@ -73,42 +73,44 @@ SOURCE_KINDS = {
 }
 
 
-def source_kind(cfg: TrainConfig, objects: dict[str, Any], ray_data=None) -> str:
+def source_kind(run: RunPlan, objects: dict[str, Any], ray_data=None) -> str:
     """Which Source trains this run: the one place that decides (a key of SOURCE_KINDS)."""
+    cfg = run.config
     if ray_data is not None and ray_data.table is not None:
         return "ray-data"
     if cfg.stream:
         return "stream"
     if objects.get("train_data") is not None or cfg.dataset is not None:
-        return "loader" if loader_workers(cfg) else "rows"
+        return "loader" if loader_workers(run) else "rows"
     return "synthetic" if cfg.data == "synthetic" else "rows"
 
 
-def build_inputs(cfg: TrainConfig, cut: BatchCut, rank: int, device: torch.device,
+def build_inputs(run: RunPlan, cut: BatchCut, rank: int, device: torch.device,
                  objects: dict[str, Any], ray_data=None) -> tuple[Source, Optional[ValBatches]]:
     """This rank's training source for the batch plan's ``cut`` at this world size, and
     the validation set (None without validation); ``ray_data``: a RayDataTables, where a
-    set comes through Ray Data."""
-    kind = source_kind(cfg, objects, ray_data)
+    set comes through Ray Data. The sizes the data decided are the plan's (``run``)."""
+    cfg = run.config
+    kind = source_kind(run, objects, ray_data)
     world = cut.world
     collate = objects.get("collate") or (load_callable(cfg.collate, what="collate") if cfg.collate else None)
-    given_val = functools.partial(_given_val_set, cfg, objects, collate, device, ray_data)
+    given_val = functools.partial(_given_val_set, run, objects, collate, device, ray_data)
     if kind == "ray-data":
         return RayDataSource(ray_data.table, cut.micro_rows, cut.grad_accum, device, cfg.seq_len), given_val()
     if kind == "stream":
         # the driver fitted the counts to the data: a worker reads footers, never a column
         # (the model's output size bounds the labels and token ids each row group is checked against)
-        table = inspect_table(cfg.data, cfg.features, cfg.target, cfg.task, stream=True,
-                              num_classes=cfg.num_classes,
-                              vocab_size=cfg.vocab_size if cfg.model == "gpt" else cfg.output_dim)
+        table = inspect_table(cfg.data, cfg.features, cfg.target, run.task, stream=True,
+                              num_classes=run.num_classes,
+                              vocab_size=cfg.vocab_size if cfg.model == "gpt" else run.output_dim)
         return (StreamSource(list_row_groups(table), row_group_reader(table, cfg.seq_len), cfg.seed,
-                             rank, world, cfg.steps_per_epoch, cut.grad_accum), given_val())
+                             rank, world, run.steps_per_epoch, cut.grad_accum), given_val())
     if kind == "synthetic":
-        teacher = teacher_weights(cfg.seed, cfg.input_dim, cfg.output_dim).to(device)
+        teacher = teacher_weights(cfg.seed, run.input_dim, run.output_dim).to(device)
         return SyntheticSource(teacher, cfg.seed, rank, world, cut.global_batch, cut.grad_accum), given_val()
     if kind == "loader":
-        return _loader_inputs(cfg, cut, rank, device, _user_dataset(cfg, objects), collate, given_val)
-    rows, fetch = _training_rows(cfg, _user_dataset(cfg, objects), collate)
+        return _loader_inputs(run, cut, rank, device, _user_dataset(cfg, objects), collate, given_val)
+    rows, fetch = _training_rows(run, _user_dataset(cfg, objects), collate)
     make = functools.partial(IndexedSource, seed=cfg.seed, rank=rank, world=world,
                              global_batch=cut.global_batch, grad_accum=cut.grad_accum)
     if cfg.val_fraction:
@@ -118,19 +120,19 @@ def build_inputs(cfg: TrainConfig, cut: BatchCut, rank: int, device: torch.devic
     return make(rows, fetch), given_val()
 
 
-def loader_workers(cfg: TrainConfig) -> int:
-    """--loader-workers, or its default from the CPUs Ray reserved for the worker."""
-    return cfg.loader_workers if cfg.loader_workers is not None else \
-        default_loader_workers(cfg.cpus_per_worker or 1)
+def loader_workers(run: RunPlan) -> int:
+    """--loader-workers, or its default from the CPUs the plan reserved for the worker."""
+    given = run.config.loader_workers
+    return given if given is not None else default_loader_workers(run.cpus_per_worker or 1)
 
 
-def _loader_inputs(cfg: TrainConfig, cut: BatchCut, rank: int, device: torch.device, dataset, collate,
+def _loader_inputs(run: RunPlan, cut: BatchCut, rank: int, device: torch.device, dataset, collate,
                    given_val: Callable[..., Optional[ValBatches]]) -> tuple[Source, Optional[ValBatches]]:
     """A user's Dataset read by DataLoader worker processes: the same rows, steps and
     validation as in the training thread (data/loader.py)."""
-    workers, pin = loader_workers(cfg), device.type == "cuda"
+    cfg, workers, pin = run.config, loader_workers(run), device.type == "cuda"
     source = functools.partial(LoaderSource, dataset, cfg.seed, rank, cut.world, cut.global_batch, cut.grad_accum,
-                               steps=cfg.steps_per_epoch, collate=collate, workers=workers, pin=pin)
+                               steps=run.steps_per_epoch, collate=collate, workers=workers, pin=pin)
     if cfg.val_fraction:
         train_idx, val_idx = split_rows(len(dataset), cfg.val_fraction, cfg.seed)
         return source(index_map=train_idx), _dataset_val_set(dataset, collate, workers, pin, val_idx)
@@ -156,30 +158,32 @@ def _user_dataset(cfg: TrainConfig, objects: dict[str, Any]):
     return dataset
 
 
-def _training_rows(cfg: TrainConfig, dataset, collate) -> tuple[int, Callable]:
+def _training_rows(run: RunPlan, dataset, collate) -> tuple[int, Callable]:
     """(rows, fetch) of the training data held in memory: a user's Dataset, or --data's."""
     if dataset is not None:
         return len(dataset), rows_fetcher(dataset, collate)
-    x, y = load_rows(cfg, cfg.data)
+    x, y = load_rows(run, run.config.data)
     return len(x), tensor_fetcher(x, y)
 
 
-def _given_val_set(cfg: TrainConfig, objects: dict[str, Any], collate, device: torch.device, ray_data=None,
+def _given_val_set(run: RunPlan, objects: dict[str, Any], collate, device: torch.device, ray_data=None,
                    workers: int = 0, pin: bool = False) -> Optional[ValBatches]:
     """The validation set given apart from the training rows: a Ray Dataset's, val_data=
     (read by ``workers`` loader processes where the training rows are), or --val-data's."""
+    cfg = run.config
     if ray_data is not None and ray_data.val_table is not None:
         return RayValSet(ray_data.val_table, device, cfg.seq_len)
     if objects.get("val_data") is not None:
         return _dataset_val_set(objects["val_data"], collate, workers, pin)
     if cfg.val_data is not None:
-        x, y = load_rows(cfg, cfg.val_data)
+        x, y = load_rows(run, cfg.val_data)
         return ValSet(len(x), tensor_fetcher(x, y))
     return None
 
 
-def load_rows(cfg: TrainConfig, path: str) -> tuple[torch.Tensor, torch.Tensor]:
+def load_rows(run: RunPlan, path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A parquet data set, or text for a language model, as (inputs, targets) in memory."""
-    if cfg.task == "lm" and is_text(path):
+    cfg = run.config
+    if run.task == "lm" and is_text(path):
         return text_windows(read_text_bytes(path), cfg.seq_len)
-    return load_table(inspect_table(path, cfg.features, cfg.target, cfg.task), cfg.seq_len)
+    return load_table(inspect_table(path, cfg.features, cfg.target, run.task), cfg.seq_len)

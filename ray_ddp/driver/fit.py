@@ -109,7 +109,8 @@ def fit_on_ray(cfg: TrainConfig, store: Storage, placement: Placement,
                                          max_preemption_failures=cfg.max_preemptions),
             # the recorder holds the metrics callback: one pickle, so one object in the controller
             callbacks=[metrics, RestartRecorder(metrics, plan.hang_watch, plan.resume_from)],
-            worker_runtime_env=worker_runtime_env(cfg, [v for v in objects.values() if v is not None]),
+            worker_runtime_env=worker_runtime_env(cfg, placement.gpus_per_worker,
+                                                  [v for v in objects.values() if v is not None]),
         ),
     )
     try:

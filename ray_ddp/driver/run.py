@@ -74,7 +74,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
         if ray_data:
             ensure_cpu_for_ray_data(placement)
         announce(plan, placement, start, store, echo)
-        tracking = open_run_tracking(plan.run_config(), start.run_id, store)
+        tracking = open_run_tracking(plan, start.run_id, store)
         ray_inputs = plan_ray_data(cfg, data_shape, train_data, val_data)  # Ray Datasets go to the trainer
         marks["fit"] = time.time()
         try:
@@ -92,7 +92,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] = print, *, model: Any = N
             if cfg.snapshot_every_steps != 0:  # the command's end, however it ends: they are memory
                 drop_snapshots(cfg.storage, cfg.name)
         marks["fitted"] = time.time()  # the last step's report and checkpoint are done
-    summary = write_summary(plan.run_config(), store, placement, start.resumed_from, started, marks,
+    summary = write_summary(plan, store, placement, start.resumed_from, started, marks,
                             start.scan.meta)
     close_run_tracking(tracking, store, cfg, summary.to_dict(), from_records(summary.events), "FINISHED", echo)
     return summary
@@ -103,7 +103,7 @@ def summary_of_complete_run(plan: RunPlan, store: Storage, start: StartState, st
     summary = read_json(store.fs, run_folder(store, plan.config.name).summary)
     if summary is not None:
         return RunSummary(**{**summary, "already_complete": True})
-    return write_summary(plan.run_config(), store, None, start.resumed_from, started)
+    return write_summary(plan, store, None, start.resumed_from, started)
 
 
 def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, Optional[DataShape], RunPlan]:
@@ -116,9 +116,9 @@ def check_run(cfg: TrainConfig, objects: dict[str, Any]) -> tuple[TrainConfig, O
     data_shape = inspect_data(cfg, objects.get("train_data"), objects.get("val_data"), objects.get("collate"))
     check_row_targets(data_shape, loss is not None or cfg.loss is not None)
     plan = resolve(cfg, data_shape)
-    check_model(plan.run_config(), objects.get("model"),
+    check_model(plan, objects.get("model"),
                 data_shape.example if data_shape is not None and loss is None else None,
-                more_checks=[functools.partial(check_fsdp_wrap, plan.run_config())] if cfg.strategy in SHARDED_STRATEGIES else [])
+                more_checks=[functools.partial(check_fsdp_wrap, cfg)] if cfg.strategy in SHARDED_STRATEGIES else [])
     check_tracking(cfg)  # an unreachable MLflow server: one line before Ray starts
     return cfg, data_shape, plan
 
@@ -129,13 +129,13 @@ def find_start_point(plan: RunPlan, store: Storage, data_shape: Optional[DataSha
     --init-from weights a new run starts from (checked against the model's keys before
     any worker reads them; a resume ignores the flag, and says so)."""
     cfg = plan.config
-    start = find_start(plan.run_config(), store, data_shape, echo)
+    start = find_start(plan, store, data_shape, echo)
     init_from = cfg.init_from if start.resumed_from is None else None
     if cfg.init_from and init_from is None:
         echo(f"--init-from {cfg.init_from} is ignored: run {cfg.name} resumes from its own "
              f"checkpoint {start.resumed_from}")
     elif init_from is not None:
-        check_init_from(plan.run_config(), model, init_from)
+        check_init_from(plan, model, init_from)
     return start, init_from
 
 

@@ -14,7 +14,7 @@ from ray_ddp.record.status import new_run_id, read_run_id
 from ray_ddp.storage import Storage
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row
-from ray_ddp.plan import saved_run_config
+from ray_ddp.plan import RunPlan, saved_run_config
 from ray_ddp.checkpoint.names import RESUME_KEYS
 from ray_ddp.config.choices import SHARDED_STRATEGIES
 from ray_ddp.record.folder import run_folder
@@ -32,15 +32,16 @@ class StartState:
     run_id: str = ""
 
 
-def find_start(cfg: TrainConfig, store: Storage, data_shape, echo: Callable[[str], None]) -> StartState:
+def find_start(run: RunPlan, store: Storage, data_shape, echo: Callable[[str], None]) -> StartState:
     """The newest whole checkpoint of the run (every file checked), whether this command
     can resume from it, and whether there is anything left to train."""
+    cfg = run.config
     scan = find_latest_checkpoint(run_folder(store, cfg.name), verify_crc=True)
     _say_broken(cfg, scan, echo)
     resumed_from = store.uri_of(cfg.name, scan.latest) if scan.latest else None
     complete = False
     if scan.meta is not None:
-        check_resumable(cfg, scan.meta, scan.latest,
+        check_resumable(run, scan.meta, scan.latest,
                          data_decides_steps=data_shape is not None and data_shape.rows > 0)
         if scan.meta["epoch"] >= cfg.epochs:
             echo(f"run {cfg.name} is already complete ({scan.meta['epoch']}/{cfg.epochs} epochs); "
@@ -73,26 +74,29 @@ def ended_by_early_stop(cfg: TrainConfig, store: Storage, meta: dict[str, Any]) 
     return early_stop_row(table, meta["step"]) is not None
 
 
-def check_resumable(cfg: TrainConfig, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
-    saved = saved_run_config(meta)  # what the checkpoint's run trained with
+def check_resumable(run: RunPlan, meta: dict[str, Any], dir_name: str, data_decides_steps: bool) -> None:
+    """Refuse, in one line, a resume whose model shape, strategy or cut of the epoch is
+    not the checkpoint's: the checkpoint's resolved options against this command's."""
+    cfg, saved, given = run.config, saved_run_config(meta), run.resolved_options()
+    steps = run.steps_per_epoch
     for key in RESUME_KEYS:
-        if key in saved and not _same_for_resume(key, saved[key], getattr(cfg, key)):
+        if key in saved and not _same_for_resume(key, saved[key], given[key]):
             raise ConfigError(
                 f"run {cfg.name} was trained with {key}={saved[key]!r} but this command has "
-                f"{key}={getattr(cfg, key)!r}; use the same value to resume, or a new --name"
+                f"{key}={given[key]!r}; use the same value to resume, or a new --name"
             )
-    if not data_decides_steps and cfg.steps_per_epoch != saved.get("steps_per_epoch", cfg.steps_per_epoch):
+    if not data_decides_steps and steps != saved.get("steps_per_epoch", steps):
         raise ConfigError(
             f"run {cfg.name} has steps_per_epoch={saved['steps_per_epoch']} in {dir_name}; "
             "resume with the same --steps-per-epoch, or use a new --name"
         )
     # a mid-epoch checkpoint (a step or time cadence, a preemption) names its step within
     # the epoch: with other steps per epoch, that step holds other rows (or is past the end)
-    if meta.get("epoch_step", 0) and cfg.steps_per_epoch != saved.get("steps_per_epoch", cfg.steps_per_epoch):
+    if meta.get("epoch_step", 0) and steps != saved.get("steps_per_epoch", steps):
         raise ConfigError(
             f"run {cfg.name}'s {dir_name} was taken at step {meta['epoch_step']} of epoch "
             f"{meta['epoch'] + 1}'s {saved['steps_per_epoch']} steps, and this command makes "
-            f"{cfg.steps_per_epoch} steps an epoch (another global batch, --batch-size or data); "
+            f"{steps} steps an epoch (another global batch, --batch-size or data); "
             "resume with the same ones to finish that epoch, or use a new --name"
         )
 

@@ -8,12 +8,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 from ray_ddp.checkpoint.verify import find_latest_checkpoint
-from ray_ddp.config.train import TrainConfig
 from ray_ddp.cluster.placement import Placement
 from ray_ddp.record.folder import METRICS_FILE, PROFILE_FOLDER, RunFolder, run_folder
 from ray_ddp.storage import Storage, read_table, write_json
 from ray_ddp.observe.metrics_table import read_metrics
-from ray_ddp.plan import saved_run_config
+from ray_ddp.plan import RunPlan, saved_run_config
 from ray_ddp.record.status import read_events
 from ray_ddp.checkpoint.retention import best_checkpoint, checkpoint_names
 from ray_ddp.observe.summarize import early_stop_row, preemption_checkpoints, summarize_metrics, world_stretches
@@ -117,10 +116,11 @@ def profile_folder(store: Storage, name: str) -> Optional[str]:
     return store.uri_of(name, PROFILE_FOLDER) if any(i.base_name.endswith(".pt.trace.json") for i in found) else None
 
 
-def write_summary(cfg: TrainConfig, store: Storage, placement: Optional[Placement],
+def write_summary(run: RunPlan, store: Storage, placement: Optional[Placement],
                    resumed_from: Optional[str], started: float,
                    marks: Optional[dict[str, float]] = None,
                    resumed_meta: Optional[dict[str, Any]] = None) -> RunSummary:
+    cfg = run.config
     folder = run_folder(store, cfg.name)
     scan = find_latest_checkpoint(folder)
     meta = scan.meta or {}
@@ -159,7 +159,7 @@ def write_summary(cfg: TrainConfig, store: Storage, placement: Optional[Placemen
         backend=placement.backend if placement else saved_cfg.get("backend", ""),
         wall_time_s=round(time.time() - started, 3),
         startup_s=describe_startup(marks, table) if marks and table is not None else None,
-        task=cfg.task or "regression",
+        task=run.task,
         early_stopped=stopped is not None,
         early_stop_epoch=int(stopped["epoch"]) if stopped else None,
         profile=profile_folder(store, cfg.name),

@@ -54,7 +54,7 @@ class FitSupervisor:
         self.run, self.store, self.placement, self.start = run, store, placement, start
         self.objects, self.echo, self.fit = objects, echo, fit
         self.init_from, self.model_loss, self.tracking, self.ray_inputs = init_from, model_loss, tracking, ray_inputs
-        self.cfg = run.run_config()  # the options the run trains with (status.json shows them)
+        self.cfg = run.config  # the user's options (the plan's own values: self.run)
         self.folder = run.folder  # the run's folder with its filesystem (record/folder.py)
         self.scan: CheckpointScan = start.scan
         self.restarts = RestartState()
@@ -168,4 +168,4 @@ class FitSupervisor:
         return merge_events(self.earlier + self.events)
 
     def _status(self, state: str, **fields) -> None:
-        write_status(self.folder, state, self.cfg, self.placement, **fields)
+        write_status(self.folder, state, self.run, self.placement, **fields)

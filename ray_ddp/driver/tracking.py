@@ -11,6 +11,7 @@ import os
 from typing import Callable, Optional
 
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.plan import RunPlan
 from ray_ddp.record.progress import read_progress
 from ray_ddp.storage import Storage
 from ray_ddp.checkpoint.format import MODEL_FILE
@@ -35,16 +36,17 @@ def check_tracking(cfg: TrainConfig) -> None:
     check_wandb(cfg)
 
 
-def open_run_tracking(cfg: TrainConfig, identity: str, store: Storage) -> Trackers:
+def open_run_tracking(run: RunPlan, identity: str, store: Storage) -> Trackers:
     """The run's trackers: Ray's metrics always, and those the flags name, each the same
     tracker run a resume of this run folder continues (found by the folder's
     ``identity``), its config the one resolved for this cluster."""
+    cfg = run.config
     trackers: list[Tracker] = [RayMetricsTracker(cfg.name)]
     try:
         if cfg.mlflow:
-            trackers.append(open_mlflow(cfg, identity, store.uri_of(cfg.name)))
+            trackers.append(open_mlflow(cfg, run.resolved_options(), identity, store.uri_of(cfg.name)))
         if cfg.wandb:
-            trackers.append(open_wandb(cfg, identity, store))
+            trackers.append(open_wandb(cfg, run.resolved_options(), identity, store))
     except ConfigError:  # the one that refused is the line; those opened are not left running
         Trackers(trackers).finish({}, [], "FAILED", None)
         raise

@@ -11,6 +11,7 @@ from torch import nn
 from ray_ddp.config.callables import load_callable
 from ray_ddp.errors import BatchError, ConfigError, TargetShapeError
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.plan import RunPlan
 from ray_ddp.models.activation import apply_activation_checkpointing, check_activation_checkpointing
 from ray_ddp.models.hf import build_hf_model, check_hf_folder, is_hf_model
 from ray_ddp.models.builtin import GPT, ToyModel, ToyMpModel, build_mlp
@@ -22,18 +23,20 @@ from ray_ddp.tasks.own_loss import unknowable_reduction
 from ray_ddp.tasks.targets import check_label_range
 
 
-def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None,
+def build_model(run: RunPlan, devices: Sequence[torch.device], given: Any = None,
                 init: Optional[Callable[[nn.Module], Any]] = None, init_adapters: bool = False) -> nn.Module:
-    """Build cfg.model on ``devices`` (one device, or a pair for toy-mp); ``given``: a
+    """Build the run's --model on ``devices`` (one device, or a pair for toy-mp), at the
+    sizes the plan gives it (``run.input_dim``, ``run.output_dim``); ``given``: a
     model the Python API passed (an nn.Module, or a callable returning one). ``init``
     (--init-from's weights, loaded or checked) meets the model itself, before any
     adapter; weights that hold adapters themselves (``init_adapters``: a --lora run's
     checkpoint) meet the adapted model. With --lora only its adapters train
     (models/lora.py); with --activation-checkpointing its blocks recompute in backward
     (models/activation.py)."""
+    cfg = run.config
     if init_adapters and cfg.lora is None:
         raise adapters_need_lora(cfg.init_from)
-    model = _build_bare_model(cfg, devices, given)
+    model = _build_bare_model(run, devices, given)
     if init is not None and not init_adapters:
         init(model)
     if cfg.lora is not None:
@@ -43,8 +46,8 @@ def build_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = 
     return apply_activation_checkpointing(model, cfg)
 
 
-def _build_bare_model(cfg: TrainConfig, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
-    first, last = devices[0], devices[-1]
+def _build_bare_model(run: RunPlan, devices: Sequence[torch.device], given: Any = None) -> nn.Module:
+    cfg, first, last = run.config, devices[0], devices[-1]
     if given is not None:
         model = given if isinstance(given, nn.Module) else given()
         if not isinstance(model, nn.Module):
@@ -55,11 +58,11 @@ def _build_bare_model(cfg: TrainConfig, devices: Sequence[torch.device], given: 
     if cfg.model == "gpt":
         return GPT(cfg.vocab_size, cfg.width, cfg.depth, cfg.heads, cfg.seq_len).to(first)
     if cfg.model == "toy":
-        return ToyModel(cfg.input_dim, cfg.output_dim).to(first)
+        return ToyModel(run.input_dim, run.output_dim).to(first)
     if cfg.model == "toy-mp":
-        return ToyMpModel(first, last, cfg.input_dim, cfg.output_dim)
+        return ToyMpModel(first, last, run.input_dim, run.output_dim)
     if cfg.model == "mlp":
-        return build_mlp(cfg.input_dim, cfg.output_dim, cfg.width, cfg.depth).to(first)
+        return build_mlp(run.input_dim, run.output_dim, cfg.width, cfg.depth).to(first)
     fn = load_callable(cfg.model)
     try:
         model = fn()
@@ -77,7 +80,7 @@ def model_stages(name: str) -> int:
     return 2 if name == "toy-mp" else 1
 
 
-def check_model(cfg: TrainConfig, given: Any = None, example: Any = None,
+def check_model(run: RunPlan, given: Any = None, example: Any = None,
                 more_checks: Sequence[Callable[[nn.Module], Any]] = ()) -> int:
     """Build the model on the meta device (a model object the Python API passed is looked
     at as it is) and refuse one DDP cannot train; with ``example`` (a batch of the data's
@@ -85,7 +88,7 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None,
 
     Returns the number of trainable parameters. Runs on the driver, before Ray starts.
     """
-    meta = torch.device("meta")
+    cfg, meta = run.config, torch.device("meta")
     if is_hf_model(cfg.model):
         check_hf_folder(cfg.model)
     if isinstance(given, nn.Module):
@@ -93,7 +96,7 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None,
         check_activation_checkpointing(model, cfg)
     else:
         with meta:
-            model = build_model(cfg, [meta, meta], given)
+            model = build_model(run, [meta, meta], given)
     for check in more_checks:  # what the driver asks besides (the strategy's units)
         check(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -103,7 +106,7 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None,
             "train; unfreeze at least one parameter"
         )
     if example is not None and not isinstance(given, nn.Module):
-        check_output_shape(cfg, model, example)
+        check_output_shape(run, model, example)
     elif example is not None:  # an object is not run here (no meta copy of it): what its config says
         labels = labels_of(example[0])
         classes = class_count_of(model)
@@ -112,10 +115,10 @@ def check_model(cfg: TrainConfig, given: Any = None, example: Any = None,
     return trainable
 
 
-def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
+def check_init_from(run: RunPlan, given: Any, init_from: str) -> None:
     """``--init-from``'s weights against the model's keys and shapes (on the meta device),
     in one line if they do not fit. Runs on the driver."""
-    meta = torch.device("meta")
+    cfg, meta = run.config, torch.device("meta")
     weights = read_init_weights(init_from, shapes_only=True)
 
     def check(model: nn.Module) -> None:
@@ -129,16 +132,17 @@ def check_init_from(cfg: TrainConfig, given: Any, init_from: str) -> None:
             check(given)
     else:
         with meta:
-            build_model(cfg, [meta, meta], given, init=check, init_adapters=adapters)
+            build_model(run, [meta, meta], given, init=check, init_adapters=adapters)
 
 
-def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None:
+def check_output_shape(run: RunPlan, model: nn.Module, example: Any) -> None:
     """Run the meta-device model on the example batch (the data's first rows, batched as
     the workers batch them) and ask the task whether its output pairs with the target and
     whether the labels are among its outputs, so a mismatch is one line before any worker
     starts. The objective is decided as the worker decides it (uses_model_loss). A model
     that cannot run on the meta device is checked at its first step instead; one that
     fails as it would on any device is one line."""
+    cfg = run.config
     ran, out = _run_on_meta(cfg, model, tree_map(_to_meta, example[0]))
     if not ran:
         return
@@ -152,7 +156,7 @@ def check_output_shape(cfg: TrainConfig, model: nn.Module, example: Any) -> None
     if not isinstance(logits, torch.Tensor):
         raise ConfigError(f"model '{cfg.model}' returns {type(out).__name__} with no logits and no "
                           "loss; return a tensor, an output with .logits, or a loss")
-    task = cfg.task or "regression"
+    task = run.task
     try:
         build_task(task, cfg.seq_len).match_target(logits, _to_meta(y))
     except TargetShapeError as err:

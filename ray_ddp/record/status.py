@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from typing import Optional
-from ray_ddp.config.train import TrainConfig
+from ray_ddp.plan import RunPlan
 from ray_ddp.cluster.placement import Placement
 from ray_ddp.record.events import Event, from_records, to_records
 from ray_ddp.record.folder import RunFolder, Status
@@ -39,7 +39,7 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def write_status(folder: RunFolder, state: str, cfg: TrainConfig,
+def write_status(folder: RunFolder, state: str, run: RunPlan,
                  placement: Placement, error: Optional[str] = None,
                  stretches: Optional[list[dict[str, int]]] = None,
                  events: Optional[list[Event]] = None, run_id: Optional[str] = None) -> None:
@@ -49,13 +49,14 @@ def write_status(folder: RunFolder, state: str, cfg: TrainConfig,
     the world-size stretches until a finished run gives new ones, and the events until
     new ones are given (every event of the run so far: record/events.py). Reads nothing
     else, so a failure path can always write it."""
+    cfg = run.config
     folder.fs.create_dir(folder.path, recursive=True)
     old = read_status(folder) or Status(state)  # not a status: start the record afresh
     now = time.time()
     stretches = old.world_sizes if stretches is None else stretches
     status = Status(
         state=state, run_id=old.run_id or run_id, created=old.created or now, updated=now, epochs=cfg.epochs,
-        world_size=stretches[-1]["world_size"] if stretches else placement.workers, workers=cfg.workers,
+        world_size=stretches[-1]["world_size"] if stretches else placement.workers, workers=run.workers,
         world_sizes=stretches, gpus_per_worker=placement.gpus_per_worker, model=cfg.model, error=error,
         events=old.events if events is None else to_records(events))
     write_json(folder.fs, folder.status, status.to_dict())

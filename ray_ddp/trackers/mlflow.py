@@ -276,8 +276,9 @@ class MlflowTracker(Tracker):
             raise ConnectionError(self.label)
 
 
-def open_mlflow(cfg, identity: str, location: str) -> MlflowTracker:
+def open_mlflow(cfg, options: dict[str, Any], identity: str, location: str) -> MlflowTracker:
     """The run's MLflow run (the same one a resume of this run folder continues, found by
-    the folder's ``identity``), its params the config as resolved for this cluster."""
-    return MlflowTracker(open_tracking(cfg.mlflow, cfg.name, cfg.to_dict(), cfg.mlflow_experiment,
+    the folder's ``identity``), its params ``options``: every option as resolved for this
+    cluster (RunPlan.resolved_options)."""
+    return MlflowTracker(open_tracking(cfg.mlflow, cfg.name, options, cfg.mlflow_experiment,
                                        identity=identity, location=location, parent=cfg.mlflow_parent_run))

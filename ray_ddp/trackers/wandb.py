@@ -74,9 +74,10 @@ def _init(run: WandbRun, **more):
                       dir=run.dir, resume="allow", reinit="create_new", mode=run.mode, settings=settings, **more)
 
 
-def open_wandb(cfg, identity: str, storage) -> "WandbTracker":
-    """The run's W&B run with the config as resolved for this cluster (the same run a
-    resume of this run folder continues). One-line ConfigError when W&B refuses it."""
+def open_wandb(cfg, options: dict[str, Any], identity: str, storage) -> "WandbTracker":
+    """The run's W&B run, its config ``options``: every option as resolved for this
+    cluster (RunPlan.resolved_options); the same run a resume of this run folder
+    continues. One-line ConfigError when W&B refuses it."""
     check_wandb(cfg)
     folder = run_folder(storage, cfg.name)
     if storage.is_local:
@@ -90,7 +91,7 @@ def open_wandb(cfg, identity: str, storage) -> "WandbTracker":
                    group=cfg.wandb_group, dir=local, folder=folder, logged_until=logged,
                    mode=os.environ.get("WANDB_MODE"), api_key=os.environ.get("WANDB_API_KEY"))
     try:
-        session = _init(run, config=cfg.to_dict(), allow_val_change=True)
+        session = _init(run, config=options, allow_val_change=True)
         session.finish()
     except Exception as e:
         raise ConfigError(f"--wandb {cfg.wandb}: W&B refused the run ({type(e).__name__}: "

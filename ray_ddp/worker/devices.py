@@ -6,15 +6,16 @@ import resource
 
 import torch
 
-from ray_ddp.config.train import TrainConfig
+from ray_ddp.plan import RunPlan
 
 
-def worker_devices(cfg: TrainConfig, session) -> list[torch.device]:
-    """This worker's devices, from Ray; a two-stage model on one device uses it twice."""
-    devices = session.gpus() if cfg.gpus_per_worker else [torch.device("cpu")]
+def worker_devices(run: RunPlan, session) -> list[torch.device]:
+    """This worker's devices, from Ray (the GPUs the plan gave each worker); a two-stage
+    model on one device uses it twice."""
+    devices = session.gpus() if run.gpus_per_worker else [torch.device("cpu")]
     if devices[0].type == "cuda":
         torch.cuda.set_device(devices[0])  # collectives of this process use this GPU
-    if cfg.model == "toy-mp" and len(devices) == 1:
+    if run.config.model == "toy-mp" and len(devices) == 1:
         devices = devices * 2
     return devices
 

@@ -63,16 +63,16 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
     started_at = started_at or time.time()
     with collection_paused():
         rank, world_size = session.rank, session.world_size
-        cfg = plan.run.run_config()  # the options the run trains with
+        cfg = plan.run.config  # the user's options; what the data and cluster decided: plan.run
         # an elastic run gets its world size from Ray at each (re)start: the fixed global
         # batch is cut into micro-batches and accumulation steps for this one
         cut = plan.run.batch.cut(world_size)
         objects = plan.load_objects()
-        devices = worker_devices(cfg, session)
+        devices = worker_devices(plan.run, session)
         # as many intra-op threads as the cores this worker reserved (Ray's OMP_NUM_THREADS
         # follows the CPUs it asked for, but torch may have read it before)
-        torch.set_num_threads(cfg.cpus_per_worker or 1)
-        parts, state = build_parts(cfg, plan, build_strategy(cfg, session.node_id), devices, objects.get("model"),
+        torch.set_num_threads(plan.run.cpus_per_worker or 1)
+        parts, state = build_parts(plan, build_strategy(cfg, session.node_id), devices, objects.get("model"),
                                    session.latest_checkpoint(), session.node_id)
         loaded_hash = check_ranks_resumed_alike(state.step, lambda: weights_hash(parts.model))
         setup_memory = {f"setup_{k}": v for k, v in peak_memory_mb(devices[0]).items()}  # before any step
@@ -82,9 +82,9 @@ def run_worker(plan: WorkerPlan, session, started_at: Optional[float] = None) ->
             torch.manual_seed(cfg.seed + 7919 * (rank + 1) + state.step)
         loss_fn = objects.get("loss") or (load_callable(cfg.loss, what="loss") if cfg.loss else None)
         # batches with labels: the model's own loss, if its forward takes them; else the task's
-        task = build_task(cfg.task or "regression", cfg.seq_len, loss_fn, model=parts.model,
+        task = build_task(plan.run.task, cfg.seq_len, loss_fn, model=parts.model,
                           model_loss=plan.model_loss and takes_keyword(parts.model, "labels"))
-        source, val_set = build_inputs(cfg, cut, rank, devices[0], objects, plan.ray_data)
+        source, val_set = build_inputs(plan.run, cut, rank, devices[0], objects, plan.ray_data)
         collective = devices[0] if dist.get_backend() == "nccl" else torch.device("cpu")
         group = group_id(collective) if plan.hang_watch is not None else None  # the same on every rank
         heartbeat = Heartbeat(plan.hang_watch, rank, session.node_id, session.node_ip,
@@ -128,11 +128,12 @@ class WorkerRun:
 
     def __init__(self, plan: WorkerPlan, cut: BatchCut, session, parts: TrainParts, task: Task, source,
                  val_set, state, first_report: dict, heartbeat: Heartbeat):
-        cfg = plan.run.run_config()
+        cfg = plan.run.config
         rank = session.rank
         self.cfg, self.cut, self.rank, self.world_size, self.session = cfg, cut, rank, cut.world, session
         self.parts, self.task, self.source, self.state = parts, task, source, state
         self.last_step = plan.last_step  # --max-steps, where it comes before the epochs' end
+        self.steps_per_epoch = plan.run.steps_per_epoch  # the data's (or the flag's): the plan's
         # what each checkpoint says the run is: the user's intent and the plan, apart
         self.run_record = {"config": plan.run.config.to_dict(), "plan": plan.run.planned(),
                            "started_from": plan.started_from}
@@ -179,7 +180,7 @@ class WorkerRun:
         for epoch in range(state.epoch, cfg.epochs):
             if self.ended:  # --early-stop or --max-steps, after that step's report (or resumed there)
                 break
-            for i in range(state.epoch_step, cfg.steps_per_epoch):  # >0 only on mid-epoch resume
+            for i in range(state.epoch_step, self.steps_per_epoch):  # >0 only on mid-epoch resume
                 self.profile.before_step(state.step + 1)
                 seed_step(cfg.seed, self.rank, state.step + 1, self.parts.devices)
                 train_step(self.parts, self.task, self.source, self.window, epoch, i, self.cut.grad_accum,
@@ -191,7 +192,7 @@ class WorkerRun:
                 with self.heartbeat.meant_wait():  # at the range's end: the trace's export
                     self.profile.after_step(state.step)
                 self._note_first_step()
-                if i == cfg.steps_per_epoch - 1:
+                if i == self.steps_per_epoch - 1:
                     self._end_epoch(epoch)
                 else:
                     self._within_epoch(epoch, i)

@@ -20,7 +20,7 @@ from ray_ddp.models.build import build_model
 from ray_ddp.models.init import apply_init_weights, holds_adapters, read_init_weights
 from ray_ddp.parallel.materialize import META, rank0_builds
 from ray_ddp.parallel.strategy import Strategy
-from ray_ddp.plan import WorkerPlan
+from ray_ddp.plan import RunPlan, WorkerPlan
 
 
 @dataclass
@@ -55,7 +55,7 @@ class TrainParts:
         return {"scheduler": self.scheduler, "scaler": self.scaler}
 
 
-def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices: list[torch.device],
+def build_parts(plan: WorkerPlan, strategy: Strategy, devices: list[torch.device],
                 given_model: Any, latest_checkpoint: Any = None, node_id: Any = None
                 ) -> tuple[TrainParts, TrainState]:
     """The model on the strategy's devices, set up for the ranks, its optimizer, schedule
@@ -63,7 +63,8 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     The checkpoint, loaded into the bare model after wrapping (the parameters are the same
     tensors), makes the weights the saved ones: the plan's, or ``latest_checkpoint``, the
     one Ray hands back after a restart within the run."""
-    model, wrapped = build_model_on_ranks(cfg, strategy, devices, given_model, plan.init_from, plan.init_strict)
+    cfg = plan.run.config
+    model, wrapped = build_model_on_ranks(plan.run, strategy, devices, given_model, plan.init_from, plan.init_strict)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer, plan.total_steps)
     scaler = torch.amp.GradScaler(devices[0].type, enabled=cfg.amp == "fp16")
@@ -75,12 +76,13 @@ def build_parts(cfg: TrainConfig, plan: WorkerPlan, strategy: Strategy, devices:
     return parts, state
 
 
-def build_model_on_ranks(cfg: TrainConfig, strategy: Strategy, devices: list[torch.device], given_model: Any,
+def build_model_on_ranks(run: RunPlan, strategy: Strategy, devices: list[torch.device], given_model: Any,
                          init_from: Optional[str] = None, init_strict: bool = True) -> tuple[nn.Module, nn.Module]:
     """(the bare model, what the strategy wrapped it in) with a new run's first weights:
     the seed's, or ``init_from``'s. With more than one rank only rank 0 builds the weights
     and reads ``init_from``; the others build the shapes on the meta device and the
     strategy gives them rank 0's values (parallel/materialize.py)."""
+    cfg = run.config
     torch.manual_seed(cfg.seed)
     from_rank0 = rank0_builds(cfg, given_model, dist.get_world_size())
     shapes_only = from_rank0 and dist.get_rank() != 0
@@ -92,7 +94,7 @@ def build_model_on_ranks(cfg: TrainConfig, strategy: Strategy, devices: list[tor
 
     build_devices = strategy.build_devices(devices)
     with torch.device(META) if shapes_only else contextlib.nullcontext():
-        model = build_model(cfg, [META] * len(build_devices) if shapes_only else build_devices, given_model,
+        model = build_model(run, [META] * len(build_devices) if shapes_only else build_devices, given_model,
                             init=init if shapes is not None else None,
                             init_adapters=shapes is not None and holds_adapters(shapes))
     if cfg.sync_batchnorm:  # before DDP wraps it: statistics over the global batch

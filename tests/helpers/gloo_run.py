@@ -71,7 +71,7 @@ def train_in_gloo(cfg, echo: Callable[[str], None] = lambda line: None, *, model
                     fit=fit_on_gloo)
     marks["fitted"] = time.time()
     drop_node_snapshots(cfg.storage, cfg.name)  # as run() does at a command's end
-    return write_summary(plan.run_config(), store, placement, start.resumed_from, started, marks,
+    return write_summary(plan, store, placement, start.resumed_from, started, marks,
                          start.scan.meta)
 
 

@@ -9,6 +9,7 @@ import os
 import resource
 
 import torch
+from ray_ddp.driver.resolve import resolve
 from torch import nn
 
 
@@ -24,7 +25,7 @@ def build_on_rank(model: str, strategy: str, init_from=None, **dims) -> dict:
 
     cfg = TrainConfig(model=model, strategy=strategy, seed=3, **dims)
     before = _peak_mb()
-    bare, _ = build_model_on_ranks(cfg, build_strategy(cfg), [torch.device("cpu")], None, init_from)
+    bare, _ = build_model_on_ranks(resolve(cfg, None), build_strategy(cfg), [torch.device("cpu")], None, init_from)
     grew = _peak_mb() - before
     return {"weights": {n: _whole(p) for n, p in bare.named_parameters()},
             "buffers": {n: b.detach().clone() for n, b in bare.named_buffers()},

@@ -17,6 +17,7 @@ import torch
 
 from ray_ddp import TrainConfig, run
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE
+from ray_ddp.driver.resolve import resolve
 from gloo_run import train_in_gloo
 
 pytest.importorskip("transformers")  # the [hf] extra; .ci/run installs it with [test]
@@ -169,7 +170,7 @@ def test_lora_trains_only_its_adapters_resumes_exactly_and_exports_what_peft_loa
     trained = torch.load(os.path.join(_local(resumed.checkpoint), MODEL_FILE), weights_only=True)
 
     torch.manual_seed(0)  # the run's seed, as a worker sets it before building the model
-    model = build_model(config(2), [torch.device("cpu")])
+    model = build_model(resolve(config(2), None), [torch.device("cpu")])
     start = {k: v.clone() for k, v in model.state_dict().items()}
     want = train_in_one_process(model, data, pad_sequences, epochs=2, steps=3, rows=64, lr=0.05)
     adapters = [k for k in want if ".lora_" in k]

@@ -62,8 +62,8 @@ def test_the_workers_flight_recorder_is_on_with_the_watch_and_the_users_size_win
     assert env["TORCH_FR_BUFFER_SIZE"] == str(FLIGHT_RECORDER_ENTRIES)
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/tmp/ray_ddp_collectives_my_run_1_rank_"
-    assert worker_runtime_env(TrainConfig(name="r"))["env_vars"]["TORCH_FR_BUFFER_SIZE"] == "2000"
-    assert flight_recorder_env("r", 0) == {} and worker_runtime_env(TrainConfig(name="r", hang_timeout=0)) == {}
+    assert worker_runtime_env(TrainConfig(name="r"), 0)["env_vars"]["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert flight_recorder_env("r", 0) == {} and worker_runtime_env(TrainConfig(name="r", hang_timeout=0), 0) == {}
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")  # the user's own setting, under its old name
     assert flight_recorder_env("r", 600) == {}
 
@@ -72,14 +72,14 @@ def test_nccl_raises_its_errors_where_a_gpu_survivor_can_save_unless_the_user_sa
     from ray_ddp.cluster.runtime_env import nccl_error_env
 
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
-    gpu = TrainConfig(name="r", gpus_per_worker=1, hang_timeout=0)
-    assert worker_runtime_env(gpu)["env_vars"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    gpu = TrainConfig(name="r", hang_timeout=0)  # on workers the plan gives a GPU each
+    assert worker_runtime_env(gpu, 1)["env_vars"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
     # no survivor to save: CPU workers (gloo raises anyway), snapshots off, FSDP's shards
-    for cfg in (TrainConfig(name="r"), TrainConfig(name="r", gpus_per_worker=1, snapshot_every_steps=0),
-                TrainConfig(name="r", gpus_per_worker=1, strategy="fsdp")):
-        assert nccl_error_env(cfg) == {}
+    for cfg, gpus in ((TrainConfig(name="r"), 0), (TrainConfig(name="r", snapshot_every_steps=0), 1),
+                      (TrainConfig(name="r", strategy="fsdp"), 1)):
+        assert nccl_error_env(cfg, gpus) == {}
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    assert nccl_error_env(gpu) == {}
+    assert nccl_error_env(gpu, 1) == {}
 
 
 def test_a_rank_waiting_in_a_collective_is_told_by_its_record():

@@ -37,7 +37,7 @@ def test_an_integer_label_makes_a_classifier_and_its_classes(sets):
     assert plan.steps_per_epoch == 7  # 400 training rows / (2 x 32)
     # what the data decided is the plan's: the user's config is left as asked
     assert (plan.config.task, plan.config.num_classes) == (None, None) and plan.config == asked
-    assert plan.run_config().steps_per_epoch == 7
+    assert plan.steps_per_epoch == 7
 
 
 @pytest.mark.parametrize("label, task", [(lambda i: torch.tensor(i % 3), "classification"),
@@ -108,9 +108,9 @@ def test_a_resume_where_the_data_decides_the_steps_may_change_them():
 
     meta = {"config": {"model": "python:Net", "steps_per_epoch": 6}}
     cfg = TrainConfig(model="python:Net", steps_per_epoch=12, name="r")  # another world size
-    check_resumable(cfg, meta, "step-00000006", data_decides_steps=True)  # train_data=, --data
+    check_resumable(resolve(cfg, None), meta, "step-00000006", data_decides_steps=True)  # train_data=, --data
     with pytest.raises(ConfigError, match="resume with the same --steps-per-epoch"):
-        check_resumable(cfg, meta, "step-00000006", data_decides_steps=False)  # synthetic
+        check_resumable(resolve(cfg, None), meta, "step-00000006", data_decides_steps=False)  # synthetic
 
 
 def test_a_worker_cuts_the_global_batch_for_the_world_size_it_got():
@@ -121,7 +121,7 @@ def test_a_worker_cuts_the_global_batch_for_the_world_size_it_got():
     # without --global-batch: the largest world x batch x accumulation, cut back at that world
     plain = resolve(TrainConfig(workers=3, batch_size=16, grad_accum=2).validate(), None)
     assert plain.batch.global_batch == 96 and plain.batch.cut(3).grad_accum == 2
-    assert plain.config.global_batch is None and plain.run_config().global_batch == 96
+    assert plain.config.global_batch is None and plain.batch.global_batch == 96
     with pytest.raises(ConfigError, match="--global-batch 3 gives some of the 4 workers no rows"):
         resolve(TrainConfig(workers=4, global_batch=3).validate(), None)
 

@@ -28,6 +28,7 @@ from ray_ddp.worker.loop import is_final_save
 from ray_ddp.worker.validate import EarlyStop, Validator
 from ray_ddp.plan import BatchPlan
 from ray_ddp.record.folder import run_folder
+from ray_ddp.driver.resolve import resolve
 
 
 def test_the_count_resets_only_on_a_lower_val_loss():
@@ -164,7 +165,8 @@ def write_stopped_run(tmp_path, cfg, early_stopped=True, epoch_step=0):
     run_path = store.run_path(cfg.name)
     model = ToyModel()
     save_checkpoint(f"{run_path}/{checkpoint_dir_name(30)}", model, torch.optim.SGD(model.parameters(), lr=0.1),
-                    TrainState(3, 30, epoch_step, []), {"config": cfg.to_dict()}, rank=0)
+                    TrainState(3, 30, epoch_step, []), {"config": cfg.to_dict(), "plan": resolve(cfg, None).planned()},
+                    rank=0)
     base = {"samples": 10, "step_time_s": 0.1, "samples_per_s": 100.0, "time": time.time(), "loss": 0.3,
             "units": 10.0, "world_size": 1}
     rows = [{**base, "epoch": e, "step": 10 * e, "rank": 0, "early_stopped": e == 3 and early_stopped}
@@ -177,14 +179,14 @@ def test_a_rerun_of_an_early_stopped_run_is_complete(tmp_path):
     cfg = run_cfg(tmp_path)
     store = write_stopped_run(tmp_path, cfg)
     lines = []
-    start = find_start(cfg, store, None, lines.append)
+    start = find_start(resolve(cfg, None), store, None, lines.append)
     assert start.complete and start.resumed_from.endswith("/es/step-00000030")
     assert lines == ["run es is already complete: --early-stop 2 ended it after epoch 3 of 10; nothing to do "
                      "(give a larger --early-stop to train further)"]
-    assert find_start(run_cfg(tmp_path, early_stop=None), store, None, print).complete  # stopping is its end
-    assert not find_start(run_cfg(tmp_path, early_stop=4), store, None, print).complete  # counts on
+    assert find_start(resolve(run_cfg(tmp_path, early_stop=None), None), store, None, print).complete  # stopping is its end
+    assert not find_start(resolve(run_cfg(tmp_path, early_stop=4), None), store, None, print).complete  # counts on
 
-    summary = write_summary(cfg, store, None, None, time.time())
+    summary = write_summary(resolve(cfg, None), store, None, None, time.time())
     assert (summary.early_stopped, summary.early_stop_epoch, summary.epochs_completed) == (True, 3, 3)
 
 
@@ -192,8 +194,8 @@ def test_a_rerun_of_an_early_stopped_run_is_complete(tmp_path):
 def test_a_checkpoint_early_stop_did_not_end_is_resumed(tmp_path, epoch_step):
     cfg = run_cfg(tmp_path)
     store = write_stopped_run(tmp_path, cfg, early_stopped=False, epoch_step=epoch_step)
-    assert not find_start(cfg, store, None, print).complete
-    summary = write_summary(cfg, store, None, None, time.time())
+    assert not find_start(resolve(cfg, None), store, None, print).complete
+    summary = write_summary(resolve(cfg, None), store, None, None, time.time())
     assert (summary.early_stopped, summary.early_stop_epoch) == (False, None)
 
 
@@ -201,7 +203,7 @@ def test_an_early_stop_at_a_validation_mid_epoch_ends_the_run_there(tmp_path):
     """--eval-every-steps validates mid-epoch: its early stop's checkpoint is the run's end too."""
     cfg = run_cfg(tmp_path)
     store = write_stopped_run(tmp_path, cfg, early_stopped=True, epoch_step=4)
-    assert find_start(cfg, store, None, print).complete
+    assert find_start(resolve(cfg, None), store, None, print).complete
 
 
 def test_tables_from_before_the_column_have_no_early_stop():
@@ -221,7 +223,7 @@ def test_the_loop_checkpoints_the_stopping_epoch_and_ends_there(monkeypatch):
                       val_fraction=0.2)
     worker = loop.WorkerRun.__new__(loop.WorkerRun)
     worker.cfg, worker.state, worker.cut = cfg, TrainState(), BatchPlan(32, 32).cut(1)
-    worker.last_step = 20
+    worker.last_step, worker.steps_per_epoch = 20, 2
     worker.parts = SimpleNamespace(strategy=SimpleNamespace(sync_buffers=lambda *a: None), model=None,
                                    devices=[torch.device("cpu")])
     worker.reporter = SimpleNamespace(collective_device=torch.device("cpu"))
@@ -255,7 +257,7 @@ def test_a_mid_epoch_checkpoint_is_not_resumed_with_other_steps_per_epoch():
 
     meta = {"epoch": 1, "step": 16, "epoch_step": 6, "config": {}, "plan": {"steps_per_epoch": 10}}
     with pytest.raises(ConfigError, match=r"taken at step 6 of epoch 2's 10 steps, and this command makes 5 steps"):
-        check_resumable(TrainConfig(name="r", steps_per_epoch=5), meta, "step-00000016", data_decides_steps=True)
-    check_resumable(TrainConfig(name="r", steps_per_epoch=10), meta, "step-00000016", data_decides_steps=True)
-    check_resumable(TrainConfig(name="r", steps_per_epoch=5), {**meta, "epoch_step": 0}, "step-00000010",
+        check_resumable(resolve(TrainConfig(name="r", steps_per_epoch=5), None), meta, "step-00000016", data_decides_steps=True)
+    check_resumable(resolve(TrainConfig(name="r", steps_per_epoch=10), None), meta, "step-00000016", data_decides_steps=True)
+    check_resumable(resolve(TrainConfig(name="r", steps_per_epoch=5), None), {**meta, "epoch_step": 0}, "step-00000010",
                     data_decides_steps=True)

@@ -18,6 +18,7 @@ from ray_ddp.models.builtin import GPT, build_mlp
 from ray_ddp.checkpoint.sharded import ShardedCheckpointWriter, load_sharded_checkpoint, read_model_state
 
 import pyarrow.fs as pafs
+from ray_ddp.driver.resolve import resolve
 from flaky_fs import FlakyHandler
 
 
@@ -169,12 +170,12 @@ def test_fsdp_on_cpu_workers_returns_freed_gather_buffers_to_the_os(monkeypatch)
     from ray_ddp.cluster.runtime_env import worker_runtime_env
 
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    env = worker_runtime_env(fsdp(gpus_per_worker=0, hang_timeout=0))
+    env = worker_runtime_env(fsdp(hang_timeout=0), 0)
     assert env["env_vars"]["MALLOC_MMAP_THRESHOLD_"] == str(1 << 20)
-    assert worker_runtime_env(fsdp(gpus_per_worker=1, hang_timeout=0)) == {}  # GPU: the buffers are CUDA memory
-    assert worker_runtime_env(TrainConfig(gpus_per_worker=0, hang_timeout=0)) == {}  # DDP allocates once
+    assert worker_runtime_env(fsdp(hang_timeout=0), 1) == {}  # GPU: the buffers are CUDA memory
+    assert worker_runtime_env(TrainConfig(hang_timeout=0), 0) == {}  # DDP allocates once
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")  # the user's own choice wins
-    assert worker_runtime_env(fsdp(gpus_per_worker=0, hang_timeout=0)) == {}
+    assert worker_runtime_env(fsdp(hang_timeout=0), 0) == {}
 
 
 def test_hsdp_shards_within_a_node_unless_told_and_the_group_divides_the_world():
@@ -194,8 +195,8 @@ def test_fsdp_and_hsdp_resume_each_other_but_not_ddp():
     from ray_ddp.driver.start import check_resumable
 
     meta = {"epoch": 1, "step": 4, "config": {"strategy": "fsdp"}, "plan": {}}
-    check_resumable(TrainConfig(name="r", strategy="hsdp"), meta, "step-00000004", data_decides_steps=True)
-    check_resumable(TrainConfig(name="r", strategy="fsdp"), {**meta, "config": {"strategy": "hsdp"}},
+    check_resumable(resolve(TrainConfig(name="r", strategy="hsdp"), None), meta, "step-00000004", data_decides_steps=True)
+    check_resumable(resolve(TrainConfig(name="r", strategy="fsdp"), None), {**meta, "config": {"strategy": "hsdp"}},
                     "step-00000004", data_decides_steps=True)
     with pytest.raises(ConfigError, match="trained with strategy='fsdp' but this command has strategy='ddp'"):
-        check_resumable(TrainConfig(name="r", strategy="ddp"), meta, "step-00000004", data_decides_steps=True)
+        check_resumable(resolve(TrainConfig(name="r", strategy="ddp"), None), meta, "step-00000004", data_decides_steps=True)

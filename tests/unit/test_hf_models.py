@@ -22,6 +22,7 @@ from ray_ddp.models.build import check_model
 from ray_ddp.models.init import apply_init_weights, read_init_weights
 from ray_ddp.tasks.batches import forward, logits_of, loss_of
 from ray_ddp.tasks.build import build_task
+from ray_ddp.driver.resolve import resolve
 
 transformers = pytest.importorskip("transformers")
 HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
@@ -162,7 +163,7 @@ def test_the_driver_refuses_what_no_task_can_use(tmp_path):
 
     cfg = TrainConfig(storage=str(tmp_path), model="python:m").validate()
     with pytest.raises(ConfigError, match="takes a, b"):
-        check_model(cfg, TwoArgs, inspect_data(cfg, Keyed()).example)
+        check_model(resolve(cfg, None), TwoArgs, inspect_data(cfg, Keyed()).example)
 
     class NoLogits(nn.Module):
         def __init__(self):
@@ -173,7 +174,7 @@ def test_the_driver_refuses_what_no_task_can_use(tmp_path):
             return {"hidden": None}
 
     with pytest.raises(ConfigError, match="no logits and no loss"):
-        check_model(cfg, NoLogits, inspect_data(cfg, TensorDataset(torch.randn(8, 3), torch.randn(8, 2))).example)
+        check_model(resolve(cfg, None), NoLogits, inspect_data(cfg, TensorDataset(torch.randn(8, 3), torch.randn(8, 2))).example)
 
 
 def test_hf_dir_without_config_json_is_one_line_and_without_transformers_names_the_extra(tmp_path):

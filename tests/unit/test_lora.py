@@ -12,6 +12,7 @@ from ray_ddp.config.lora import AdapterConfig, parse_lora
 from ray_ddp.errors import ConfigError
 from ray_ddp.models.lora import apply_lora, is_peft_model, unwrap_peft
 from ray_ddp.tasks.build import loss_units_of
+from ray_ddp.driver.resolve import resolve
 
 
 @pytest.mark.parametrize("spec, want", [
@@ -63,11 +64,11 @@ def test_the_model_under_the_adapters_decides_init_weights_units_and_keywords():
     cfg = TrainConfig(model="mlp", input_dim=4, output_dim=2, width=8, depth=2, lora="r=2,targets=0,2")
     bare = dataclasses.replace(cfg, lora=None)
     seen = []
-    model = build_model(cfg, [cpu], init=lambda m: seen.append(sorted(m.state_dict())))
+    model = build_model(resolve(cfg, None), [cpu], init=lambda m: seen.append(sorted(m.state_dict())))
     # --init-from's weights meet the model itself (its own keys), then the adapters go on
-    assert seen == [sorted(build_model(bare, [cpu]).state_dict())] and is_peft_model(model)
+    assert seen == [sorted(build_model(resolve(bare, None), [cpu]).state_dict())] and is_peft_model(model)
     # FSDP shards the adapted model's layers, not the adapters' wrapper as one unit
-    assert len(shard_units(model, cfg)) == len(shard_units(build_model(bare, [cpu]), bare)) > 1
+    assert len(shard_units(model, cfg)) == len(shard_units(build_model(resolve(bare, None), [cpu]), bare)) > 1
 
     class NoLabels(nn.Module):  # a forward that takes no labels: the adapters do not change that
         def __init__(self):
@@ -92,7 +93,7 @@ def test_init_from_a_lora_runs_checkpoint_goes_on_from_its_adapters(tmp_path):
 
     cpu = torch.device("cpu")
     cfg = TrainConfig(model="mlp", input_dim=4, output_dim=2, width=8, depth=2, lora="r=2,targets=0,2")
-    trained = build_model(cfg, [cpu])
+    trained = build_model(resolve(cfg, None), [cpu])
     with torch.no_grad():  # what training changed: the adapters (lora_B starts at zero) and nothing else
         for name, p in trained.named_parameters():
             if ".lora_" in name:
@@ -102,19 +103,19 @@ def test_init_from_a_lora_runs_checkpoint_goes_on_from_its_adapters(tmp_path):
     assert holds_adapters(read_init_weights(given, shapes_only=True))
 
     again = dataclasses.replace(cfg, init_from=given, seed=1)
-    check_init_from(again, None, given)  # the driver's check: the adapted model's keys fit
-    model = build_model(again, [cpu], init=lambda m: apply_init_weights(m, given, True),
+    check_init_from(resolve(again, None), None, given)  # the driver's check: the adapted model's keys fit
+    model = build_model(resolve(again, None), [cpu], init=lambda m: apply_init_weights(m, given, True),
                         init_adapters=True)
     assert model.state_dict().keys() == trained.state_dict().keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in trained.state_dict().items())
     assert {n for n, p in model.named_parameters() if p.requires_grad} == \
         {n for n, p in trained.named_parameters() if p.requires_grad}  # still only the adapters train
     with pytest.raises(ConfigError, match=r"holds LoRA adapters .* pass the --lora it was trained with"):
-        check_init_from(dataclasses.replace(again, lora=None), None, given)
+        check_init_from(resolve(dataclasses.replace(again, lora=None), None), None, given)
     # a model object the Python API passes: the same line without --lora; with it, its workers check
-    bare = build_model(dataclasses.replace(cfg, lora=None), [cpu])
+    bare = build_model(resolve(dataclasses.replace(cfg, lora=None), None), [cpu])
     with pytest.raises(ConfigError, match=r"holds LoRA adapters"):
-        check_init_from(dataclasses.replace(again, lora=None), bare, given)
-    check_init_from(again, bare, given)
+        check_init_from(resolve(dataclasses.replace(again, lora=None), None), bare, given)
+    check_init_from(resolve(again, None), bare, given)
     with pytest.raises(ConfigError, match="shapes differ"):  # other adapters: their shapes tell
-        check_init_from(dataclasses.replace(again, lora="r=4,targets=0,2"), None, given)
+        check_init_from(resolve(dataclasses.replace(again, lora="r=4,targets=0,2"), None), None, given)

@@ -12,20 +12,21 @@ from ray_ddp.models.build import build_model, check_model, model_stages
 CPU = torch.device("cpu")
 
 
-def run_config(**options) -> TrainConfig:
-    """What models are built from: the run's config, its sizes resolved (synthetic data's)."""
-    return resolve(TrainConfig(**options).validate(), None).run_config()
+def checked(**options) -> TrainConfig:
+    """The user's checked options (resolve() makes the plan models are built from: its
+    sizes synthetic data's)."""
+    return TrainConfig(**options).validate()
 
 
 def test_toy_is_the_tutorial_network():
-    model = build_model(run_config(), [CPU])
+    model = build_model(resolve(checked(), None), [CPU])
     assert isinstance(model, ToyModel)
     assert [tuple(p.shape) for p in model.parameters()] == [(10, 10), (10,), (5, 10), (5,)]
     assert model(torch.randn(20, 10)).shape == (20, 5)
 
 
 def test_toy_mp_has_toy_parameter_names_and_runs_on_one_device():
-    mp = build_model(run_config(model="toy-mp"), [CPU, CPU])
+    mp = build_model(resolve(checked(model="toy-mp"), None), [CPU, CPU])
     assert isinstance(mp, ToyMpModel)
     assert list(mp.state_dict()) == list(ToyModel().state_dict())
     mp.load_state_dict(ToyModel().state_dict())  # checkpoints are interchangeable
@@ -34,15 +35,15 @@ def test_toy_mp_has_toy_parameter_names_and_runs_on_one_device():
 
 
 def test_mlp_width_and_depth():
-    mlp = build_model(TrainConfig(model="mlp", width=32, depth=3, input_dim=8, output_dim=2), [CPU])
+    mlp = build_model(resolve(TrainConfig(model="mlp", width=32, depth=3, input_dim=8, output_dim=2), None), [CPU])
     linears = [m for m in mlp if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(8, 32), (32, 32), (32, 32), (32, 2)]
 
 
 def test_user_callable_model():
-    model = build_model(TrainConfig(model="user_models:small_net"), [CPU])
+    model = build_model(resolve(TrainConfig(model="user_models:small_net"), None), [CPU])
     assert model(torch.randn(2, 10)).shape == (2, 5)
-    assert check_model(TrainConfig(model="user_models:small_net")) == 10 * 16 + 16 + 16 * 5 + 5
+    assert check_model(resolve(TrainConfig(model="user_models:small_net"), None)) == 10 * 16 + 16 + 16 * 5 + 5
 
 
 @pytest.mark.parametrize("spec, fragment", [
@@ -55,10 +56,10 @@ def test_user_callable_model():
 ])
 def test_bad_user_models_are_refused(spec, fragment):
     with pytest.raises(ConfigError) as err:
-        check_model(TrainConfig(model=spec))
+        check_model(resolve(TrainConfig(model=spec), None))
     assert fragment in str(err.value)
 
 
 def test_check_model_builds_on_meta_without_memory():
     # A 4096-wide, 8-deep mlp would take ~0.5 GB of real memory; on meta it costs nothing.
-    assert check_model(run_config(model="mlp", width=4096, depth=8)) > 100_000_000
+    assert check_model(resolve(checked(model="mlp", width=4096, depth=8), None)) > 100_000_000

@@ -10,6 +10,7 @@ import torch
 
 from ray_ddp.tasks.batches import forward
 from ray_ddp.tasks.build import build_task, loss_units_of
+from ray_ddp.driver.resolve import resolve
 
 transformers = pytest.importorskip("transformers")
 
@@ -120,14 +121,14 @@ def test_a_model_whose_reduction_over_sequence_labels_cannot_be_known_is_refused
     with torch.device("meta"):
         meta_model = SequenceModel(transformers.PretrainedConfig())
     with pytest.raises(ConfigError, match=r"model 'user:seq' .*loss_type.*--loss") as info:
-        check_output_shape(TrainConfig(model="user:seq", task="lm", seq_len=8), meta_model, (x, ids))
+        check_output_shape(resolve(TrainConfig(model="user:seq", task="lm", seq_len=8), None), meta_model, (x, ids))
     assert "\n" not in str(info.value)
     # the ways out: say what it shifts, or compute the loss yourself
-    check_output_shape(TrainConfig(model="user:seq", task="lm", seq_len=8, loss="m:f"), meta_model, (x, ids))
+    check_output_shape(resolve(TrainConfig(model="user:seq", task="lm", seq_len=8, loss="m:f"), None), meta_model, (x, ids))
     for m in (model, meta_model):
         m.loss_type = "ForCausalLM"
     assert build_task("lm", 8, model=model, model_loss=True).count_units(x, ids) == 2 * 7
-    check_output_shape(TrainConfig(model="user:seq", task="lm", seq_len=8), meta_model, (x, ids))
+    check_output_shape(resolve(TrainConfig(model="user:seq", task="lm", seq_len=8), None), meta_model, (x, ids))
 
 
 def test_float_labels_count_every_element_and_an_unknown_loss_type_falls_back_to_the_class_name():

@@ -22,10 +22,10 @@ CPU = torch.device("cpu")
 
 
 def resolved(objects=None, **kw):
-    """What a worker of 2 gets: the run config of the plan for its data, and its batch cut."""
+    """What a worker of 2 gets: the plan for its data, and its batch cut."""
     cfg = TrainConfig(workers=2, batch_size=8, **kw).validate()
     plan = resolve(cfg, inspect_data(cfg, (objects or {}).get("train_data"), (objects or {}).get("val_data")))
-    return plan.run_config(), plan.batch.cut(2)
+    return plan, plan.batch.cut(2)
 
 
 @pytest.fixture(scope="module")

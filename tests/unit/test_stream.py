@@ -204,7 +204,7 @@ def start(data, **kw):
     cfg = TrainConfig(data=data, stream=True, workers=1, **kw).validate()
     shape = inspect_data(cfg)
     plan = resolve(cfg, shape)
-    build_inputs(plan.run_config(), plan.batch.cut(1), 0, torch.device("cpu"), {})
+    build_inputs(plan, plan.batch.cut(1), 0, torch.device("cpu"), {})
     return shape
 
 kw = json.loads(sys.argv[3])

@@ -19,6 +19,7 @@ from ray_ddp.observe.summarize import summarize_report
 from ray_ddp.models.build import check_model
 from ray_ddp.errors import TargetShapeError
 from ray_ddp.tasks.build import build_task
+from ray_ddp.driver.resolve import resolve
 
 
 def test_a_target_of_shape_n_is_paired_with_an_output_of_one_column():
@@ -74,7 +75,7 @@ def test_the_driver_refuses_an_output_the_target_cannot_pair_with(tmp_path):
     cfg = TrainConfig(storage=str(tmp_path), model="python:squeezing_model").validate()
     shape = inspect_data(cfg, ds)
     with pytest.raises(ConfigError, match=r"output has shape \(rows, 1\).*target \(rows, 2\)"):
-        check_model(cfg, squeezing_model, shape.example)
+        check_model(resolve(cfg, None), squeezing_model, shape.example)
 
 
 def test_rank_means_weight_each_rank_by_its_units():

@@ -19,6 +19,7 @@ from ray_ddp.models.build import check_output_shape
 from ray_ddp.tasks import build as tasks  # (uses_model_loss, class_count_of: read at each test)
 from ray_ddp.tasks.build import build_task
 from ray_ddp.tasks.own_loss import ModelLossTask
+from ray_ddp.driver.resolve import resolve
 
 transformers = pytest.importorskip("transformers")
 
@@ -133,12 +134,12 @@ def test_a_model_that_raises_on_the_example_batch_is_one_line_naming_it():
         model = CallsWrongly()
     with pytest.raises(ConfigError, match=r"^model 'pkg:wrong' raised TypeError on the first training rows: "
                                           r".*takes 2 positional arguments but 3 were given") as info:
-        check_output_shape(TrainConfig(model="pkg:wrong"), model, example)
+        check_output_shape(resolve(TrainConfig(model="pkg:wrong"), None), model, example)
     assert "\n" not in str(info.value)
     for how in ("numpy", "item"):  # what only the meta device cannot run is left to the worker
         with torch.device("meta"):
             model = NeedsData(how)
-        check_output_shape(TrainConfig(model="pkg:data"), model, example)
+        check_output_shape(resolve(TrainConfig(model="pkg:data"), None), model, example)
 
 
 # -- item 7: labels outside the model's outputs ----------------------------------------

@@ -40,7 +40,7 @@ def test_each_step_is_logged_once_through_a_restart_and_a_resume(tmp_path):
 
     cfg = TrainConfig(name="r", storage=str(tmp_path), wandb="ray-ddp-tests", wandb_group="g", lr=0.01)
     store = resolve_storage(str(tmp_path))
-    first_command = Trackers([open_wandb(cfg, "abc123", store)])
+    first_command = Trackers([open_wandb(cfg, cfg.to_dict(), "abc123", store)])
     # each controller gets its own copy, as Ray Train's pickle gives it
     controller = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=1, total_steps=30, trackers=copy(first_command))
     for step in (5, 10, 15):
@@ -52,7 +52,7 @@ def test_each_step_is_logged_once_through_a_restart_and_a_resume(tmp_path):
         report(restarted, step, 2.0)
     restarted.after_exception(None, {})
     # a later command (the first was stopped) resumes from step 15's checkpoint
-    second_command = Trackers([open_wandb(cfg, "abc123", store)])
+    second_command = Trackers([open_wandb(cfg, cfg.to_dict(), "abc123", store)])
     controller = MetricsCallback(run_folder(resolve_storage(str(tmp_path)), "r"), epochs=1, total_steps=25, trackers=copy(second_command))
     for step in (20, 25):
         report(controller, step, 3.0)
