@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 # the names live in names.py, which imports no torch; importing them from here still works
-from ray_ddp.models.lora import unwrap_peft
-from ray_ddp.checkpoint.names import (CHECKPOINT_FILES, HF_CONFIG_FILE, META_FILE, MODEL_FILE, STATE_FILE,
+from ray_ddp.wrappers import unwrap_peft
+from ray_ddp.record.names import (CHECKPOINT_FILES, HF_CONFIG_FILE, META_FILE, MODEL_FILE, STATE_FILE,
                                       checkpoint_dir_name, unexpected_file)
 
 

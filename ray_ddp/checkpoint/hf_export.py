@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 from ray_ddp.errors import ConfigError
-from ray_ddp.models.lora import unwrap_peft
+from ray_ddp.wrappers import unwrap_peft
 
 
 def import_transformers() -> Any:

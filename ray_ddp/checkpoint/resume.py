@@ -17,7 +17,7 @@ from torch import nn
 
 from ray_ddp.checkpoint.agree import collective_device, reduced, usable_on_every_rank
 from ray_ddp.checkpoint.format import TrainState
-from ray_ddp.checkpoint.names import checkpoint_dir_name, checkpoint_step
+from ray_ddp.record.names import checkpoint_dir_name, checkpoint_step
 from ray_ddp.checkpoint.shard_snapshots import load_shard_snapshot
 from ray_ddp.checkpoint.sharded import is_sharded_checkpoint
 from ray_ddp.checkpoint.snapshots import fetch_snapshot, newest_snapshot, node_folder

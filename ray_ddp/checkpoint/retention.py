@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ray_ddp.checkpoint.names import checkpoint_dir_name
+from ray_ddp.record.names import checkpoint_dir_name
 from ray_ddp.record.folder import RunFolder
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn, Optional
 import torch
 from ray_ddp.errors import CheckpointError
-from ray_ddp.checkpoint.names import META_FILE
+from ray_ddp.record.names import META_FILE
 
 DCP_METADATA = ".metadata"
 

@@ -33,7 +33,7 @@ from torch import nn
 from ray_ddp.checkpoint.agree import collective_device, usable_on_every_rank
 from ray_ddp.checkpoint.format import STATE_FILE, TrainState, checkpoint_header, save_counted, to_cpu, write_meta
 from ray_ddp.checkpoint.load import load_tensors
-from ray_ddp.checkpoint.names import META_FILE
+from ray_ddp.record.names import META_FILE
 from ray_ddp.checkpoint.safe_load import NON_TENSORS
 from ray_ddp.checkpoint.sharded import apply_sharded_state, split_tensors
 from ray_ddp.checkpoint.snapshots import SLOTS, NodeSnapshots, broadcast_file, off_for_room, read_meta, \

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ray_ddp.checkpoint.format import TrainState, snapshot_checkpoint, write_checkpoint
-from ray_ddp.checkpoint.names import META_FILE
+from ray_ddp.record.names import META_FILE
 from ray_ddp.checkpoint.verify import verify_checkpoint
 
 FETCH_CHUNK = 64 << 20  # bytes per broadcast of a fetched snapshot: a bounded buffer on each rank

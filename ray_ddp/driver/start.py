@@ -15,7 +15,7 @@ from ray_ddp.storage import Storage
 from ray_ddp.observe.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row
 from ray_ddp.plan import RunPlan, saved_run_config
-from ray_ddp.checkpoint.names import RESUME_KEYS
+from ray_ddp.record.names import RESUME_KEYS
 from ray_ddp.config.choices import SHARDED_STRATEGIES
 from ray_ddp.record.folder import run_folder
 

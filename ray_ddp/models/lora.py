@@ -44,14 +44,3 @@ def apply_lora(model: Any, spec: str, what: str) -> Any:
             reason = reason[:240] + "..."
         raise ConfigError(f"--lora {spec} does not fit {what}: {reason}; name the layers to adapt "
                           f"with targets=NAME,NAME (the end of their module path)") from None
-
-
-def is_peft_model(model: Any) -> bool:
-    """A peft PeftModel (told by its class, without importing peft)."""
-    return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft") for c in type(model).__mro__)
-
-
-def unwrap_peft(model: Any) -> Any:
-    """The model under a PeftModel's adapters (the one whose class and config say what
-    its own loss is), or ``model`` itself."""
-    return model.get_base_model() if is_peft_model(model) else model

@@ -17,7 +17,7 @@ from ray_ddp.checkpoint.retention import prune_checkpoints
 from ray_ddp.errors import StorageError
 from ray_ddp.observe.group_events import GroupEvents
 from ray_ddp.observe.run_table import RunTable
-from ray_ddp.observe.schema import unpack_windows
+from ray_ddp.record.schema import unpack_windows
 from ray_ddp.observe.stragglers import StragglerState
 from ray_ddp.observe.summarize import describe_preemption, summarize_report
 from ray_ddp.record.events import Event, to_records

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from ray_ddp.observe.schema import COLUMNS, SCHEMA
+from ray_ddp.record.schema import COLUMNS, SCHEMA
 from ray_ddp.record.folder import RunFolder
 from ray_ddp.storage import read_table, write_table
 

@@ -19,7 +19,7 @@ import functools
 import logging
 from typing import Any, Callable, Optional
 
-from ray_ddp.checkpoint.names import checkpoint_step
+from ray_ddp.record.names import checkpoint_step
 from ray_ddp.record.events import restart_event
 from ray_ddp.record.failures import summarize_failure
 from ray_ddp.observe.ray_hooks import ControllerCallback, FailureDecision, WorkerGroupCallback

@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 import pyarrow as pa
-from ray_ddp.checkpoint.names import checkpoint_dir_name
-from ray_ddp.observe.schema import rank_mean
+from ray_ddp.record.names import checkpoint_dir_name
+from ray_ddp.record.schema import rank_mean
 
 
 def describe_preemption(row: dict[str, Any], checkpoint: str) -> dict[str, Any]:

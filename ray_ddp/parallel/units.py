@@ -14,7 +14,7 @@ from torch import nn
 
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.errors import ConfigError
-from ray_ddp.models.lora import unwrap_peft
+from ray_ddp.wrappers import unwrap_peft
 
 
 def wrap_classes(spec: Optional[str]) -> list:

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from typing import Any, Optional
 
-from ray_ddp.checkpoint.names import checkpoint_dir_name, checkpoint_step
+from ray_ddp.record.names import checkpoint_dir_name, checkpoint_step
 from ray_ddp.record.failures import FailureSummary
 
 KINDS = ("failure", "hang", "preemption", "resize")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Optional
-from ray_ddp.plan import RunPlan
-from ray_ddp.cluster.placement import Placement
+from typing import TYPE_CHECKING, Optional
 from ray_ddp.record.events import Event, from_records, to_records
 from ray_ddp.record.folder import RunFolder, Status
 from ray_ddp.storage import read_json, write_json
+
+if TYPE_CHECKING:  # names only: the record imports neither the plan (which carries a RunFolder)
+    from ray_ddp.cluster.placement import Placement  # nor the cluster's code
+    from ray_ddp.plan import RunPlan
 
 
 def read_status(folder: RunFolder) -> Optional[Status]:

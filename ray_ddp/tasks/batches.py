@@ -21,7 +21,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ray_ddp.errors import BatchError
-from ray_ddp.models.lora import is_peft_model
+from ray_ddp.wrappers import is_peft_model
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ray_ddp.models.lora import unwrap_peft
+from ray_ddp.wrappers import unwrap_peft
 from ray_ddp.tasks.batches import takes_keyword
 from ray_ddp.tasks.builtin import ClassificationTask, LanguageModelTask, Task
 from ray_ddp.tasks.own_loss import ModelLossTask, UserLossTask

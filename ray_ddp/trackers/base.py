@@ -19,7 +19,7 @@ from ray_ddp.record.events import Event
 
 @dataclass(frozen=True)
 class Window:
-    """One metrics window of every rank: ``rows`` one per rank (observe/schema.py's
+    """One metrics window of every rank: ``rows`` one per rank (record/schema.py's
     columns), ``figures`` the window over ranks as progress.json shows it (mean loss,
     summed throughput, the validation)."""
 

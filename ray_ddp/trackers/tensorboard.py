@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ray_ddp.trackers.base import Tracker, Window
-from ray_ddp.observe.schema import rank_mean
+from ray_ddp.record.schema import rank_mean
 
 
 class TensorBoardTracker(Tracker):

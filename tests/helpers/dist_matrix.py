@@ -357,7 +357,7 @@ def resume_from_shard_snapshots(rank: int, world: int, root: str) -> dict:
     import torch.distributed as dist
 
     from ray_ddp.checkpoint.format import TrainState
-    from ray_ddp.checkpoint.names import META_FILE
+    from ray_ddp.record.names import META_FILE
     from ray_ddp.checkpoint.resume import load_checkpoint_to_resume
     from ray_ddp.record.folder import run_folder
     from ray_ddp.storage import resolve_storage

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, STATE_FILE
-from ray_ddp.checkpoint.names import checkpoint_step
+from ray_ddp.record.names import checkpoint_step
 from ray_ddp.checkpoint.verify import weights_hash
 from ray_ddp.cli.main import main
 from ray_ddp.models.builtin import GPT

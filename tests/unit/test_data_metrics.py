@@ -6,7 +6,7 @@ import torch
 from ray_ddp.data.synth import SyntheticSource, synthetic_rows, teacher_weights
 from ray_ddp.data.sources import part_span
 from ray_ddp.driver.summary import describe_startup
-from ray_ddp.observe.schema import SCHEMA, unpack_windows
+from ray_ddp.record.schema import SCHEMA, unpack_windows
 from ray_ddp.observe.summarize import summarize_metrics
 from ray_ddp.plan import BatchPlan
 

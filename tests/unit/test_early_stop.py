@@ -20,7 +20,7 @@ from ray_ddp.record.progress import format_early_stop, show_progress
 from ray_ddp.driver.start import find_start
 from ray_ddp.driver.summary import write_summary
 from ray_ddp.models.builtin import ToyModel
-from ray_ddp.observe.schema import EVAL_SCHEMA, SCHEMA
+from ray_ddp.record.schema import EVAL_SCHEMA, SCHEMA
 from ray_ddp.observe.summarize import early_stop_row, summarize_report
 from ray_ddp.record.folder import EVAL_FILE, METRICS_FILE, RunFolder
 from ray_ddp.storage import resolve_storage, write_json, write_table

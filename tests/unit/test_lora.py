@@ -10,7 +10,8 @@ import torch
 from ray_ddp.checkpoint.format import hf_class_name
 from ray_ddp.config.lora import AdapterConfig, parse_lora
 from ray_ddp.errors import ConfigError
-from ray_ddp.models.lora import apply_lora, is_peft_model, unwrap_peft
+from ray_ddp.models.lora import apply_lora
+from ray_ddp.wrappers import is_peft_model, unwrap_peft
 from ray_ddp.tasks.build import loss_units_of
 from ray_ddp.driver.resolve import resolve
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flaky_fs import flaky_fs
-from ray_ddp.observe.schema import SCHEMA
+from ray_ddp.record.schema import SCHEMA
 from ray_ddp.observe.callback import MetricsCallback
 from ray_ddp.record.folder import METRICS_FILE, run_folder
 from ray_ddp.storage import read_json, read_table, resolve_storage, write_json, write_table

@@ -14,7 +14,7 @@ from torch import nn
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.data.plan import inspect_data
-from ray_ddp.observe.schema import rank_mean
+from ray_ddp.record.schema import rank_mean
 from ray_ddp.observe.summarize import summarize_report
 from ray_ddp.models.build import check_model
 from ray_ddp.errors import TargetShapeError
