@@ -24,7 +24,7 @@ from ray_ddp.driver.summary import RunSummary
 from ray_ddp.driver.run import run
 from ray_ddp.record.folder import METRICS_FILE, run_folder
 from ray_ddp.storage import resolve_storage
-from ray_ddp.observe.metrics_table import read_metrics
+from ray_ddp.record.metrics_table import read_metrics
 from ray_ddp.models.builtin import ToyModel
 
 # the demos' names live in config/choices.py, which `ray-ddp --help` imports without torch;

@@ -15,7 +15,7 @@ from ray_ddp.cluster.runtime_env import worker_runtime_env
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.driver.start import planned_steps
 from ray_ddp.errors import StorageError, TrainingError
-from ray_ddp.observe.metrics_table import fold_metrics
+from ray_ddp.record.metrics_table import fold_metrics
 from ray_ddp.plan import RunPlan, WorkerPlan
 from ray_ddp.record.events import Event, from_records
 from ray_ddp.record.failures import describe_loss, summarize_failure

@@ -12,7 +12,7 @@ from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.record.status import new_run_id, read_run_id
 from ray_ddp.storage import Storage
-from ray_ddp.observe.metrics_table import read_metrics
+from ray_ddp.record.metrics_table import read_metrics
 from ray_ddp.observe.summarize import early_stop_row
 from ray_ddp.plan import RunPlan, saved_run_config
 from ray_ddp.record.names import RESUME_KEYS

@@ -11,7 +11,7 @@ from ray_ddp.checkpoint.verify import find_latest_checkpoint
 from ray_ddp.cluster.placement import Placement
 from ray_ddp.record.folder import METRICS_FILE, PROFILE_FOLDER, RunFolder, run_folder
 from ray_ddp.storage import Storage, read_table, write_json
-from ray_ddp.observe.metrics_table import read_metrics
+from ray_ddp.record.metrics_table import read_metrics
 from ray_ddp.plan import RunPlan, saved_run_config
 from ray_ddp.record.status import read_events
 from ray_ddp.checkpoint.retention import best_checkpoint, checkpoint_names

@@ -18,7 +18,7 @@ from ray_ddp.driver.hangs import HangMonitor
 from ray_ddp.driver.restart_decision import RestartDecision, RestartPolicyConfig, RestartState, decide_restart
 from ray_ddp.driver.start import StartState
 from ray_ddp.errors import TrainingError
-from ray_ddp.observe.metrics_table import read_metrics
+from ray_ddp.record.metrics_table import read_metrics
 from ray_ddp.observe.summarize import world_stretches
 from ray_ddp.plan import RunPlan
 from ray_ddp.record.events import (Event, attribute_hangs, failure_event, merge_events, restarted_after_hang,

@@ -13,7 +13,7 @@ from ray_ddp.record.events import Event, where_restarted
 from ray_ddp.record.status import read_events
 from ray_ddp.record.folder import METRICS_FILE, run_folder
 from ray_ddp.storage import Storage, read_table, resolve_storage
-from ray_ddp.observe.metrics_table import read_metrics
+from ray_ddp.record.metrics_table import read_metrics
 from ray_ddp.record.schema import rank_mean
 
 

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
-from ray_ddp.observe.metrics_table import MetricsAppender, read_metrics
+from ray_ddp.record.metrics_table import MetricsAppender, read_metrics
 from ray_ddp.record.schema import EVAL_SCHEMA, eval_row
 from ray_ddp.record.folder import RunFolder
 from ray_ddp.storage import read_table, write_table

@@ -14,7 +14,7 @@ pickle), never reopened from a string. Names and schemas here (``Status``,
       summary.json      the last command's summary (driver/summary.py)
       metrics.parquet   a row per rank per report (observe/callback.py)
       metrics.parts/    the rows of the latest checkpoints, not yet folded into
-                        metrics.parquet (observe/metrics_table.py)
+                        metrics.parquet (record/metrics_table.py)
       eval.parquet      a row per validation (observe/callback.py)
       wandb.json        --wandb: the W&B run's id and the last step logged (trackers/wandb.py)
       wandb/            --wandb: W&B's own files (an offline run's, for `wandb sync`)

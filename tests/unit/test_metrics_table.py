@@ -1,4 +1,4 @@
-"""metrics.parquet appended to, not rewritten (observe/metrics_table.py): the metrics
+"""metrics.parquet appended to, not rewritten (record/metrics_table.py): the metrics
 callback writes each checkpoint's rows as a part, a restarted group's redone steps
 replace the earlier attempt's, readers see the table and its parts as one, and the
 driver's fold leaves one plain table. No Ray: the callback is fed reports as Ray
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ray_ddp.observe.callback import MetricsCallback
-from ray_ddp.observe.metrics_table import MetricsAppender, fold_metrics, read_metrics
+from ray_ddp.record.metrics_table import MetricsAppender, fold_metrics, read_metrics
 from ray_ddp.record.folder import METRICS_FILE, METRICS_PARTS_FOLDER, run_folder
 from ray_ddp.storage import resolve_storage
 
@@ -116,7 +116,7 @@ def test_rows_reported_after_the_last_checkpoint_survive_a_failure_and_a_killed_
 def test_an_open_part_is_rewritten_in_place_and_sealed_at_a_size_bound(tmp_path, monkeypatch):
     """Rows since the last seal live in one part, rewritten at each report: the parts'
     count grows with sealed parts only, and a seal comes at a checkpoint or a size bound."""
-    import ray_ddp.observe.metrics_table as metrics_table
+    import ray_ddp.record.metrics_table as metrics_table
 
     monkeypatch.setattr(metrics_table, "SEAL_ROWS", 6)
     (tmp_path / "r").mkdir()

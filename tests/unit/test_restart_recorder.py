@@ -141,7 +141,7 @@ def test_an_elastic_restart_from_a_snapshot_of_more_ranks_keeps_its_rows_and_res
     its rank 0 sends whole before its first step: they are in the table at once, before
     the new group's rows, the restart is settled by the snapshot, and the resize said
     after the old world's last window (step 10), where the table's stretches put it."""
-    from ray_ddp.observe.metrics_table import read_metrics
+    from ray_ddp.record.metrics_table import read_metrics
 
     def row(step, rank, world, **extra):
         return {"epoch": 1, "step": step, "rank": rank, "loss": 1.0, "samples": 8, "step_time_s": 0.1,
