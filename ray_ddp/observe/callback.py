@@ -75,8 +75,7 @@ class MetricsCallback(UserCallback):
         straggler = None
         for window in windows:
             straggler = self._stragglers.update(window)
-            self.trackers.log_window(Window(int(window[0]["step"]), window, summarize_report(
-                window, self.epochs, self.total_steps, checkpoint=None)))
+            self._log_window(window)
         progress = self._progress_after(windows, checkpoint, straggler)
         self._write_progress(progress)
         if progress.step >= self.total_steps or progress.early_stop:
@@ -97,11 +96,15 @@ class MetricsCallback(UserCallback):
         self._table.world_before(first_step)  # what the failed group reported before them stays
         self._table.record(first_step, windows)
         for window in windows:
-            self.trackers.log_window(Window(int(window[0]["step"]), window, summarize_report(
-                window, self.epochs, self.total_steps, checkpoint=None)))
+            self._log_window(window)
         self._store_rows(int(windows[-1][0]["step"]), seal=False)
         if any("val_loss" in window[0] for window in windows):
             self._table.write_evals(self.folder)
+
+    def _log_window(self, window: list[dict[str, Any]]) -> None:
+        """One window of every rank's rows to the run's trackers."""
+        self.trackers.log_window(Window(int(window[0]["step"]), window, summarize_report(
+            window, self.epochs, self.total_steps, checkpoint=None)))
 
     def _store_rows(self, step: int, seal: bool) -> None:
         """Every report's rows reach storage before the next report: a failure, an
