@@ -1,8 +1,9 @@
 """Every check of a run's options, in one place, run once on the driver: what the
 options alone decide (``validate_config``), what the Python API's objects add
 (``check_objects``), what the devices the run got add (``check_devices``), and
-``ray-ddp launch``'s own options (``check_launch``). A model is checked where it is built
-(models/build.py: on the meta device, before any worker starts)."""
+``ray-ddp launch``'s own options (``check_launch``). What must look at the data's paths
+is data/checks.py's, and a model is checked where it is built (models/build.py: on the
+meta device, before any worker starts)."""
 
 from __future__ import annotations
 
@@ -133,16 +134,7 @@ def _check_model_and_data(cfg: TrainConfig) -> None:
 
 
 def _check_ray_data(cfg: TrainConfig) -> None:
-    """--ray-data reads parquet: a path, not synthetic rows, text or a Dataset."""
-    # here, not at the top: data/text.py imports torch, and config/ never does (TrainConfig is imported
-    # by the CLI and unpickled by Ray Train's controller)
-    from ray_ddp.data.text import is_text
-
-    for path, flag in ((cfg.data, "--data"), (cfg.val_data, "--val-data")):
-        if path is not None and (path == "synthetic" or is_text(path) or
-                                 (os.path.isfile(path) and not path.endswith(".parquet"))):
-            raise ConfigError(f"--ray-data reads parquet through Ray Data; {flag} {path} is not a "
-                              "parquet file or folder (drop --ray-data, or give parquet)")
+    """--ray-data is one way of reading data (whether its paths hold parquet: data/checks.py)."""
     for given, flag in ((cfg.stream, "--stream"), (cfg.dataset, "--dataset")):
         if given:
             raise ConfigError(f"--ray-data and {flag} are two ways of reading data; pick one")
@@ -285,9 +277,6 @@ def check_objects(cfg: TrainConfig, objects: dict[str, Any]) -> None:
         raise ConfigError("give collate= or --collate, not both")
     if model is not None and not (isinstance(model, torch.nn.Module) or callable(model)):
         raise ConfigError(f"model= must be an nn.Module or a callable returning one, not {type(model).__name__}")
-    if train_data is not None and (cfg.data != "synthetic" and not _rows_of_data_folder(train_data, cfg.data)
-                                   or cfg.dataset is not None):
-        raise ConfigError("give train_data= or --data / --dataset, not both")
     if (cfg.collate is not None or collate is not None) and cfg.dataset is None and train_data is None:
         raise ConfigError("--collate is for --dataset or train_data= (parquet and text rows are "
                           "batched by ray-ddp)")
@@ -313,13 +302,3 @@ def check_launch(script: str, max_failures: int, wait_for_resources: float) -> N
         raise ConfigError(f"--max-failures must be 0 or more, got {max_failures}")
     if not wait_for_resources >= 0:
         raise ConfigError(f"--wait-for-resources must be 0 or more seconds, got {wait_for_resources}")
-
-
-def _rows_of_data_folder(train_data: Any, path: str) -> bool:
-    """Whether ``train_data`` is --data's own save_to_disk folder, opened as rows
-    (data/saved.py open_saved_datasets), not a second training set."""
-    # not at the top: data/saved.py imports pyarrow (through storage.py), which the CLI's
-    # --help and usage errors must not load
-    from ray_ddp.data.saved import SavedDataset
-
-    return isinstance(train_data, SavedDataset) and train_data.path == path

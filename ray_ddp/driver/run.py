@@ -18,6 +18,7 @@ from ray_ddp.config.choices import SHARDED_STRATEGIES
 from ray_ddp.config.train import TrainConfig
 from ray_ddp.config.workers import worker_range
 from ray_ddp.cluster.placement import Placement, plan_placement
+from ray_ddp.data.checks import check_data_paths, check_train_data
 from ray_ddp.data.plan import DataShape, check_row_targets, inspect_data
 from ray_ddp.data.ray_data import is_ray_dataset, plan_ray_data
 from ray_ddp.data.saved import open_saved_datasets
@@ -145,6 +146,8 @@ def check_config(cfg: TrainConfig, objects: dict[str, Any]) -> TrainConfig:
     objects themselves go to the workers in the WorkerPlan)."""
     cfg = cfg.validate()  # a checked copy: the caller's config stays as given
     check_objects(cfg, objects)
+    check_train_data(cfg, objects.get("train_data"))
+    check_data_paths(cfg)
     model = objects.get("model")
     if model is not None:
         from torch import nn

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ray_ddp.config.reading import read_yaml_mapping
 from ray_ddp.config.train import TrainConfig
+from ray_ddp.data.checks import check_data_paths
 from ray_ddp.errors import ConfigError
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint")
@@ -170,6 +171,7 @@ def find_problem(values: dict, metric: str, path: str) -> Optional[ConfigError]:
     """What train's coercion and checks refuse in one trial's keys, or missing validation data."""
     try:
         cfg = TrainConfig.from_dict(values).validate()
+        check_data_paths(cfg)
     except ConfigError as err:
         return err
     if not (cfg.val_data or cfg.val_fraction > 0):

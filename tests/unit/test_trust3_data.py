@@ -159,16 +159,16 @@ def test_data_dir_of_a_saved_folder_is_what_the_config_records(tmp_path):
     assert (cfg.data, cfg.val_data) == (given.data, given.val_data)  # not "synthetic", not None
 
 
-def test_check_objects_takes_the_saved_folders_rows_as_the_datas(tmp_path):
+def test_check_train_data_takes_the_saved_folders_rows_as_the_datas(tmp_path):
     from hf_data import sentiment_rows
 
     from ray_ddp import ConfigError, TrainConfig
-    from ray_ddp.config.checks import check_objects
+    from ray_ddp.data.checks import check_train_data
     from ray_ddp.data.saved import SavedDataset, open_saved_datasets
 
     sentiment_rows(8, seed=0).save_to_disk(str(tmp_path / "train"))
     cfg, train, _ = open_saved_datasets(TrainConfig(data=str(tmp_path / "train")), None, None)
-    check_objects(cfg, {"train_data": train})  # the folder's own rows: not "both given"
+    check_train_data(cfg, train)  # the folder's own rows: not "both given"
     other = SavedDataset(str(tmp_path / "train"))
     with pytest.raises(ConfigError, match="give train_data= or --data / --dataset, not both"):
-        check_objects(TrainConfig(data=str(tmp_path / "elsewhere")), {"train_data": other})
+        check_train_data(TrainConfig(data=str(tmp_path / "elsewhere")), other)
