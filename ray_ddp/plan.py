@@ -106,7 +106,7 @@ class WorkerPlan:
     init_from: Optional[str] = None  # a new run's first weights (--init-from)
     # the weights the run's first life started from (its --init-from), kept across its
     # resumes and restarts, which ignore --init-from: what a --lora run's adapters were
-    # trained over (checkpoint/export.py); None: the model's own weights
+    # trained over (export/run.py); None: the model's own weights
     started_from: Optional[str] = None
     init_strict: bool = True
     hang_watch: Any = None  # the driver's HangWatch actor (--hang-timeout), or None: off

@@ -1,2 +1,2 @@
 """Checkpoints: their format, the background writer, FSDP shards, which one to resume,
-which ones to keep, and exporting the model."""
+and which ones to keep (exporting one's model is ray_ddp/export/'s)."""

@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
                         help=f"where the run lives (default: {TrainConfig.storage})")
     export.add_argument("--step", type=int, default=None,
                         help="the checkpoint's global step (default: the newest whole checkpoint)")
-    # the names live here, not imported from checkpoint/export.py: that module imports
+    # the names live here, not imported from export/run.py: that module imports
     # torch, and `ray-ddp --help` should not wait for it
     export.add_argument("--format", choices=("torch", "hf"), default="torch",
                         help="torch: one state_dict file for torch.load(weights_only=True); hf: for a "
@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # here, not at the top: `ray-ddp --help` imports every command's module and needs none of what this one runs
-    from ray_ddp.checkpoint.export import export_model
+    from ray_ddp.export.run import export_model
 
     print(export_model(args.run, args.storage, args.step, args.out, args.format, args.merge,
                        args.max_shard_size).text())

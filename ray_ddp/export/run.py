@@ -1,6 +1,6 @@
 """`ray-ddp export`: a checkpoint's model as one plain ``state_dict`` file (``--format
 torch``, the default), or for a Hugging Face model as a ``save_pretrained`` folder
-(``--format hf``, written by hf_export.py).
+(``--format hf``, written by export/hf.py).
 
 Runs on the driver (any machine that reaches the storage), with no Ray and no process
 group. A DDP checkpoint already holds ``model.pt``: it is checked and copied. A sharded
@@ -26,7 +26,7 @@ from ray_ddp.checkpoint.load import load_tensors
 from ray_ddp.errors import ConfigError
 from ray_ddp.checkpoint.safe_load import DCP_METADATA
 from ray_ddp.checkpoint.sharded import read_model_state
-from ray_ddp.checkpoint import hf_export
+from ray_ddp.export import hf as hf_export
 from ray_ddp.models.lora import apply_lora
 from ray_ddp.record.folder import RunFolder, run_folder
 from ray_ddp.storage import Storage, local_copy, read_json, resolve_storage

@@ -139,7 +139,7 @@ def test_sync_batchnorm_and_a_classifier_on_one_gpu(ray_gpu, tmp_path):
 def test_fsdp_bf16_gpt_on_one_gpu_resumes_and_exports(ray_gpu, tmp_path):
     """FSDP2 over NCCL with bf16 parameters and fp32 reductions: a run, a resume from its
     sharded checkpoint, and both model.pt and `ray-ddp export` loading on the CPU."""
-    from ray_ddp.checkpoint.export import export_model
+    from ray_ddp.export.run import export_model
     from ray_ddp.models.builtin import GPT
 
     text = tmp_path / "text.txt"  # --task lm trains on text: a few KB of bytes

@@ -77,7 +77,7 @@ def test_init_from_starts_where_another_run_ended(gpt2_run, storage):
     summary = train_in_gloo(cfg, model=gpt2, train_data=CausalText(64, seed=0), val_data=CausalText(128, seed=1))
     # a fresh GPT-2 starts near ln(64) = 4.2; this one starts where the other ended
     assert summary.val_loss < gpt2_run.val_loss + 0.1 and summary.val_loss < 3.0
-    # and its checkpoints say so (what a --lora run's export asks: checkpoint/export.py)
+    # and its checkpoints say so (what a --lora run's export asks: export/run.py)
     with open(os.path.join(_local(summary.checkpoint), META_FILE)) as f:
         assert json.load(f)["started_from"] == cfg.init_from
     lines = []

@@ -260,7 +260,7 @@ def test_storage_that_is_not_the_local_disk_copies_the_config_too(tmp_path, monk
     """As from s3://: the checkpoint's files are fetched into a temporary folder first."""
     from flaky_fs import FlakyHandler
 
-    import ray_ddp.checkpoint.export as export
+    import ray_ddp.export.run as export
     from ray_ddp.storage import Storage
 
     model = nudged(gpt2())

@@ -10,7 +10,7 @@ from torch import nn
 from ray_ddp import ConfigError, TrainConfig
 from ray_ddp.checkpoint.format import META_FILE, MODEL_FILE, TrainState
 from ray_ddp.checkpoint.verify import verify_checkpoint, weights_hash
-from ray_ddp.checkpoint.export import export_model
+from ray_ddp.export.run import export_model
 from ray_ddp.parallel.fsdp import shard_model
 from ray_ddp.parallel.units import check_fsdp_wrap, shard_units
 from ray_ddp.data.inputs import ValSet

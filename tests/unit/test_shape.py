@@ -37,18 +37,6 @@ FORBIDDEN = {
 }
 
 
-# Folder pairs that still import each other, each with what would part them. The list
-# only shrinks: a new pair fails the test, and a listed pair that no longer imports
-# both ways must leave the list.
-FOLDER_CYCLES: dict[tuple[str, str], str] = {
-    ("checkpoint", "models"): "models/init.py reads --init-from's weights with checkpoint/'s loaders, and "
-                              "checkpoint/export.py puts --lora's adapters back with models/lora.py: the "
-                              "init reading belongs in checkpoint/, handing models a state dict",
-    ("config", "data"): "config/checks.py asks data/ whether --data is text or a saved dataset: those "
-                        "checks belong with the data's (data/plan.py), run by the driver after the config's",
-}
-
-
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -214,16 +202,14 @@ def folder_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_two_folders_import_each_other_but_the_listed_pairs():
+def test_no_two_folders_import_each_other_nor_run_in_a_cycle():
     """One-way rooms: the run's record below what writes and reads it, models below the
-    strategies, and so on; a cycle through three or more folders is caught too."""
+    strategies and the export, the options' checks below the data's, and so on; a cycle
+    through three or more folders is caught too."""
     graph = folder_graph()
     both_ways = {tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a in graph.get(b, ())}
-    assert both_ways - set(FOLDER_CYCLES) == set(), "folders that import each other: " + str(both_ways - set(FOLDER_CYCLES))
-    assert set(FOLDER_CYCLES) - both_ways == set(), "no longer a cycle, take it off FOLDER_CYCLES: " + \
-        str(set(FOLDER_CYCLES) - both_ways)
-    rest = {a: {b for b in deps if tuple(sorted((a, b))) not in FOLDER_CYCLES} for a, deps in graph.items()}
-    cycle = find_cycle(rest)
+    assert not both_ways, "folders that import each other: " + str(both_ways)
+    cycle = find_cycle(graph)
     assert not cycle, "a cycle through folders: " + " -> ".join(cycle)
 
 
