@@ -19,6 +19,7 @@ import functools
 import logging
 from typing import Any, Callable, Optional
 
+from ray_ddp.cluster.nodes import dead_node_ids
 from ray_ddp.record.names import checkpoint_step
 from ray_ddp.record.events import restart_event
 from ray_ddp.record.failures import summarize_failure
@@ -49,6 +50,7 @@ class RestartRecorder(WorkerGroupCallback, ControllerCallback):
     def __init__(self, metrics: Any, watch: Any = None, resumed_from: Optional[str] = None):
         self.metrics, self.watch, self.resumed_from = metrics, watch, resumed_from
         self._ips: dict[str, str] = {}  # rank -> its node's IP, for the group now running
+        self._node_ids: dict[str, str] = {}  # rank -> its node's ID
         self._processes: list[tuple[str, int]] = []  # its (node ID, pid)s: whose heartbeats count
         self._start_step = 0  # the step of the checkpoint it started from
         self._failed: Optional[tuple[Any, int]] = None  # (FailureSummary, last step) of that group
@@ -57,15 +59,17 @@ class RestartRecorder(WorkerGroupCallback, ControllerCallback):
     def after_worker_group_start(self, worker_group) -> None:
         workers = worker_group.get_workers()
         self._ips = {str(w.distributed_context.world_rank): w.metadata.node_ip for w in workers}
+        self._node_ids = {str(w.distributed_context.world_rank): w.metadata.node_id for w in workers}
         self._processes = [(w.metadata.node_id, w.metadata.pid) for w in workers]
         self._start_step = checkpoint_step(self.metrics.last_checkpoint_name() or self.resumed_from)
         self._failed = None
-        self.metrics.note_group({str(w.distributed_context.world_rank): w.metadata.node_id for w in workers})
+        self.metrics.note_group(self._node_ids)
 
     @never_fails
     def after_worker_group_poll_status(self, worker_group_status) -> None:
         if worker_group_status.errors and self._failed is None:
-            self._failed = (summarize_failure(worker_group_status.errors, self._ips), self._last_step())
+            failure = summarize_failure(worker_group_status.errors, self._node_ids, dead_node_ids(), self._ips)
+            self._failed = (failure, self._last_step())
 
     @never_fails
     def before_controller_execute_failure_decision(self, failure_decision) -> None:

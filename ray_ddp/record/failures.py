@@ -67,22 +67,32 @@ class FailureSummary:
     node_id: str = ""  # Ray's node ID, as preemption notices name nodes ("" if not known)
 
 
-def summarize_failure(worker_failures: dict[int, Exception], nodes: dict[str, Any]) -> FailureSummary:
-    """The one rank to name: a dead worker first, then a training error, then a survivor."""
+def summarize_failure(worker_failures: dict[int, Exception], nodes: dict[str, Any],
+                      dead_nodes: frozenset[str] = frozenset(), ips: Optional[dict[str, str]] = None) -> FailureSummary:
+    """The one rank to name: a dead worker first, then a training error, then a survivor.
+    ``nodes``: each rank's node ID; ``dead_nodes``: the node IDs Ray holds as dead
+    (cluster/nodes.py), which tell a lost node from a lost process by Ray's own record
+    before its words do; ``ips``: each rank's node IP where the error names none."""
     ranked = []
     for rank, error in worker_failures.items():
-        lost, cause, preempted, ip = _classify(error)
+        node_id = str(nodes.get(str(rank)) or "")
+        lost, cause, preempted, ip = _classify(error, node_dead=bool(node_id) and node_id in dead_nodes)
         order = {"oom": 0, "node": 0, "process": 0, None: 1, "peer": 2}[lost]
-        ranked.append((order, rank, lost, cause, preempted, ip))
+        ranked.append((order, rank, lost, cause, preempted, ip, node_id))
     if not ranked:
         return FailureSummary(-1, "?", None, "the worker group failed")
-    _, rank, lost, cause, preempted, ip = min(ranked)
-    node_id = str(nodes.get(str(rank)) or "")
-    return FailureSummary(rank, ip or node_id[:12] or "?", lost, cause, preempted, node_id)
+    _, rank, lost, cause, preempted, ip, node_id = min(ranked)
+    gone = sorted(int(r) for r, n in nodes.items() if n and str(n) in dead_nodes)
+    if lost == "peer" and gone:  # only survivors spoke, but Ray already holds a rank's node dead: name it
+        rank, lost, cause, ip, node_id = gone[0], "node", "its node died", "", str(nodes[str(gone[0])])
+    return FailureSummary(rank, ip or (ips or {}).get(str(rank)) or node_id[:12] or "?", lost, cause, preempted,
+                          node_id)
 
 
-def _classify(error: Exception) -> tuple[Optional[str], str, bool, str]:
-    """(lost, cause, preempted, the node's IP address if the error names it)."""
+def _classify(error: Exception, node_dead: bool = False) -> tuple[Optional[str], str, bool, str]:
+    """(lost, cause, preempted, the node's IP address if the error names it): Ray's types
+    and node table first (OutOfMemoryError, RayActorError and its ``preempted``, the
+    rank's node dead), its words last (what Ray 2.60's errors keep of a node's death)."""
     from ray.exceptions import RayActorError
 
     inner = getattr(error, "health_check_failure", error)  # Ray Train's health check wraps it
@@ -91,7 +101,7 @@ def _classify(error: Exception) -> tuple[Optional[str], str, bool, str]:
         return "oom", _memory_cause(text), False, _find(_IP, text) or _find(_OOM_IP, text)
     if isinstance(inner, RayActorError):
         ip, pid = _IP.search(text), _PID.search(text)
-        if _NODE_LOST.search(text) or inner.preempted:
+        if node_dead or inner.preempted or _NODE_LOST.search(text):
             return "node", "its node died", bool(inner.preempted), ip[1] if ip else ""
         # Ray cannot tell a SIGKILL from a crash: it only sees the process's connection end
         return "process", f"its process{f' {pid[1]}' if pid else ''} died", False, ip[1] if ip else ""

@@ -278,6 +278,9 @@ class Story:
             out["a_head"] = [n["id"] for n in ray_nodes(cluster) if n["head"]][0]
             cluster.kill_node("b")
             out["a"], out["a_log"] = finish(proc, log), log
+            # what a failure's line reads first: Ray's table of dead nodes (cluster/nodes.py)
+            out["a_dead"] = json.loads(cluster.probe("import json; from ray_ddp.cluster.nodes import "
+                                                     "dead_node_ids; print(json.dumps(sorted(dead_node_ids())))"))
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -330,6 +333,8 @@ def test_an_elastic_run_shrinks_when_a_node_dies_and_grows_when_one_joins(story)
     [lost] = [e for e in a["events"] if e["type"] == "failure"]
     assert lost["from_node"] == story["a_head"] and lost["restarted"], lost  # (rank 0 may be b's)
     assert lost["step"] >= STEPS + 10 and lost["steps_lost"] <= 1, lost
+    b_node = {n for n in story["a_nodes"].values() if n != story["a_head"]}
+    assert b_node <= set(story["a_dead"]) and story["a_head"] not in story["a_dead"], story["a_dead"]
     resumed = int(lost["from_checkpoint"][5:])
     assert f"restarted from the snapshot of step {resumed} on node {lost['from_node'][:8]}…" in \
         open(story["a_log"]).read()

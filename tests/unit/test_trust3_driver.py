@@ -209,6 +209,36 @@ def test_a_sigkill_and_a_lost_node_are_told_as_before():
     assert (node.lost, node.cause) == ("node", "its node died")
 
 
+def test_a_worker_whose_node_ray_holds_dead_is_a_lost_node_whatever_its_words():
+    """Ray's node table first: the words of a process's death on a node Ray has marked
+    dead are a lost node (a restart then looks for that node's notice), and the same
+    words on a live node are a lost process."""
+    nodes = {"1": "b" * 40}
+    failure = summarize_failure({1: actor_died(SIGKILLED)}, nodes, dead_nodes=frozenset({"b" * 40}))
+    assert (failure.lost, failure.cause, failure.node_id) == ("node", "its node died", "b" * 40)
+    alive = summarize_failure({1: actor_died(SIGKILLED)}, nodes, dead_nodes=frozenset({"c" * 40}))
+    assert (alive.lost, alive.cause) == ("process", "its process 4711 died")
+
+
+def test_a_survivors_failure_names_its_nodes_whole_address():
+    """A peer's broken connection names no IP: the rank's own, whole (not cut as an ID)."""
+    survivor = RuntimeError("RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection closed by peer")
+    failure = summarize_failure({0: survivor}, {"0": "a" * 40}, ips={"0": "192.168.100.200"})
+    assert (failure.lost, failure.node) == ("peer", "192.168.100.200")
+    assert summarize_failure({0: survivor}, {"0": "a" * 40}).node == "a" * 12  # no address known: the ID's head
+
+
+def test_when_only_survivors_spoke_a_rank_on_a_node_ray_holds_dead_is_named():
+    """The gloo error of a survivor arrives before the dead rank's: if Ray already holds
+    that rank's node dead, the line names it, not the survivor's broken connection."""
+    survivor = RuntimeError("RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection closed by peer")
+    nodes, ips = {"0": "a" * 40, "1": "b" * 40}, {"0": "10.0.0.6", "1": "10.0.0.7"}
+    failure = summarize_failure({0: survivor}, nodes, frozenset({"b" * 40}), ips)
+    assert (failure.rank, failure.node, failure.lost, failure.node_id) == (1, "10.0.0.7", "node", "b" * 40)
+    assert describe_loss(failure, 37) == "rank 1 on node 10.0.0.7 was lost (its node died) at step 37"
+    assert summarize_failure({0: survivor}, nodes, frozenset(), ips).lost == "peer"  # nothing known dead yet
+
+
 def test_a_cuda_out_of_memory_error_is_an_error_in_training():
     """torch's CUDA OOM is raised in the training code (the process lives): not host memory."""
     error = RuntimeError("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
