@@ -264,7 +264,9 @@ class Story:
         reference = run_in_thread(None, lambda: train_in_gloo(TrainConfig(
             model="user_models:slow_toy", workers=2, epochs=4, steps_per_epoch=STEPS, batch_size=16,
             report_every=5, warmup_steps=3, clip_grad=1.0, storage=str(storage), name="story-reference", quiet=True)))
-        out = {}
+        # the head's node ID, read before run A: a probe is a Ray driver's start (seconds, more
+        # on a loaded machine), and between "epoch 2 reached" and the kill it let run A finish
+        out = {"a_head": [n["id"] for n in ray_nodes(cluster) if n["head"]][0]}
         log = str(storage / "a.log")
         proc = start_training(cluster, storage, "story-spot", log, "--epochs", "2", "--max-failures", "1")
         try:
@@ -275,7 +277,6 @@ class Story:
             out["a_nodes"] = {r["rank"]: r["node_id"] for r in metrics_rows(run_dir)}
             # the node goes mid-epoch 2, two windows past epoch 1's checkpoint
             wait_for(lambda: progress(run_dir).get("step", 0) >= STEPS + 10, "run A in epoch 2", proc, 120, log)
-            out["a_head"] = [n["id"] for n in ray_nodes(cluster) if n["head"]][0]
             cluster.kill_node("b")
             out["a"], out["a_log"] = finish(proc, log), log
             # what a failure's line reads first: Ray's table of dead nodes (cluster/nodes.py)
