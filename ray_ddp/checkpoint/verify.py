@@ -68,6 +68,10 @@ class CheckpointScan:
     meta: Optional[dict[str, Any]] = None
     broken: list[tuple[str, str]] = field(default_factory=list)  # (folder, what is wrong)
     newest: Optional[str] = None  # the newest step folder, whole or not
+    # the broken folders whose meta.json, written last, is missing or torn: writes that never
+    # finished (a worker killed mid-upload), checkpoints that never existed; the rest of
+    # ``broken`` finished once and lost files since
+    unfinished: list[str] = field(default_factory=list)
 
 
 def find_latest_checkpoint(folder: RunFolder, verify_crc: bool = False) -> CheckpointScan:
@@ -95,13 +99,20 @@ def find_latest_checkpoint(folder: RunFolder, verify_crc: bool = False) -> Check
             scan.latest, scan.meta = name, meta
             return scan
         scan.broken.append((name, problem))
+        if not _finished(meta):
+            scan.unfinished.append(name)
     return scan
+
+
+def _finished(meta: Optional[dict[str, Any]]) -> bool:
+    """Whether a checkpoint's write got to its meta.json (its last file, naming the others)."""
+    return meta is not None and isinstance(meta.get("files"), dict)
 
 
 def checkpoint_file_problem(fs, path: str, meta: Optional[dict[str, Any]], verify_crc: bool) -> Optional[str]:
     from pyarrow.fs import FileType
 
-    if meta is None or not isinstance(meta.get("files"), dict):
+    if not _finished(meta):
         return f"{META_FILE} is missing or unreadable (a write that never finished)"
     if (odd := unexpected_file(meta["files"])) is not None:
         return f"{META_FILE} names a file no checkpoint holds ({odd!r}): it was not written by ray_ddp"

@@ -109,11 +109,16 @@ def _same_for_resume(key: str, saved: Any, given: Any) -> bool:
 
 
 def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], None]) -> None:
-    """Name every unusable checkpoint newer than the one we resume from, or stop."""
+    """Name every unusable checkpoint newer than the one we resume from. With none to
+    resume from, start from scratch when none was ever finished (a worker killed while
+    the run's first checkpoint was uploading: the same command goes on, as after a loss
+    before any checkpoint), else stop: a finished checkpoint lost its files."""
+    never_finished = scan.latest is None and len(scan.unfinished) == len(scan.broken)
     for name, problem in scan.broken:
-        then = f"; resuming from {scan.latest} instead" if scan.latest else ""
+        then = f"; resuming from {scan.latest} instead" if scan.latest else \
+            "; starting from scratch: no checkpoint of the run was finished" if never_finished else ""
         echo(f"warning: checkpoint {name} of run {cfg.name} is unusable: {problem}{then}")
-    if scan.broken and scan.latest is None:
+    if scan.broken and scan.latest is None and not never_finished:
         name, problem = scan.broken[-1]
         raise ConfigError(
             f"run {cfg.name} has no usable checkpoint ({name}: {problem}); "

@@ -20,7 +20,7 @@ import pytest
 
 from ray_ddp import ConfigError, TrainingError, run
 from ray_ddp.checkpoint.format import MODEL_FILE
-from ray_ddp.checkpoint.verify import find_latest_checkpoint
+from ray_ddp.checkpoint.verify import find_latest_checkpoint, verify_checkpoint
 from ray_ddp.record.folder import run_folder
 from ray_ddp.observe.runs import list_runs
 from ray_ddp.storage import resolve_storage
@@ -116,6 +116,25 @@ def test_no_usable_checkpoint_stops_with_one_line(full_run, storage):
         (storage / name / step / MODEL_FILE).write_bytes(b"")
     with pytest.raises(ConfigError, match=r"has no usable checkpoint \(step-00000020: model.pt has 0 bytes"):
         run(small(storage, name, epochs=4))
+
+
+def test_a_checkpoint_whose_write_never_finished_is_written_again_by_a_run_from_scratch(full_run, storage):
+    """A worker killed while rank 0 uploaded the run's first checkpoint leaves its folder
+    without meta.json: the same command starts over (saying so), writes that checkpoint
+    again whole over the torn files, and ends with the weights of a run never stopped."""
+    name = "torn-first"
+    torn = storage / name / "step-00000010"
+    torn.mkdir(parents=True)
+    (torn / MODEL_FILE).write_bytes(b"\x00" * 100)  # cut off before its meta.json
+    lines: list[str] = []
+    summary = train_in_gloo(small(storage, name, quiet=False), echo=lines.append)
+    assert ("warning: checkpoint step-00000010 of run torn-first is unusable: meta.json is missing or unreadable "
+            "(a write that never finished); starting from scratch: no checkpoint of the run was finished") in lines
+    assert summary.resumed_from is None and summary.epochs_completed == 3
+    scan = find_latest_checkpoint(run_folder(resolve_storage(str(storage)), name), verify_crc=True)
+    assert (scan.latest, scan.broken) == ("step-00000030", [])
+    assert verify_checkpoint(str(torn)) is None, "written again, whole"
+    assert final_hashes(rows_of(summary)) == final_hashes(rows_of(full_run))
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(ray_local, storage):

@@ -149,3 +149,31 @@ def test_weights_hash_covers_batchnorm_buffers():
     net.train()
     net(torch.randn(8, 4))  # updates running_mean/var and num_batches_tracked only
     assert weights_hash(net) != before
+
+
+def test_a_run_whose_only_checkpoint_never_finished_starts_from_scratch_and_a_lost_one_stops(tmp_path):
+    """A worker killed while rank 0 wrote the run's first checkpoint leaves a folder without
+    meta.json: a checkpoint that never existed, so the same command starts the run again
+    from scratch, and says so. A finished checkpoint whose files were lost since (meta.json
+    names a model.pt of another size) is the run's state gone: one line, and stop."""
+    from ray_ddp.driver.resolve import resolve
+    from ray_ddp.driver.start import find_start
+    from ray_ddp.errors import ConfigError
+
+    cfg = TrainConfig(storage=str(tmp_path), name="torn", epochs=3, steps_per_epoch=10)
+    torn = tmp_path / "torn" / "step-00000010"
+    torn.mkdir(parents=True)
+    (torn / MODEL_FILE).write_bytes(b"\x00" * 100)  # the upload cut off before its meta.json
+    store, lines = resolve_storage(str(tmp_path)), []
+    start = find_start(resolve(cfg, None), store, None, lines.append)
+    assert (start.resumed_from, start.complete, start.scan.latest) == (None, False, None)
+    assert lines == ["warning: checkpoint step-00000010 of run torn is unusable: meta.json is missing or "
+                     "unreadable (a write that never finished); starting from scratch: no checkpoint of "
+                     "the run was finished"]
+
+    model, opt = trained_toy()
+    save_checkpoint(str(tmp_path / "torn" / "step-00000005"), model, opt, TrainState(0, 5, 5, []), {}, rank=0)
+    (tmp_path / "torn" / "step-00000005" / MODEL_FILE).write_bytes(b"")  # finished once, lost since
+    with pytest.raises(ConfigError, match=r"^run torn has no usable checkpoint \(step-00000005: model.pt has 0 "
+                                          r"bytes, \d+ were written\); delete the run folder"):
+        find_start(resolve(cfg, None), store, None, lines.append)
