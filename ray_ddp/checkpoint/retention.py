@@ -5,10 +5,13 @@ controller (the metrics callback) and on the driver.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ray_ddp.record.names import checkpoint_dir_name
 from ray_ddp.record.folder import RunFolder
+
+if TYPE_CHECKING:  # verify.py lists the folders with checkpoint_names, below
+    from ray_ddp.checkpoint.verify import CheckpointScan
 
 
 def best_checkpoint(names: list[str], evals: list[dict[str, Any]]) -> Optional[str]:
@@ -35,3 +38,14 @@ def prune_checkpoints(folder: RunFolder, keep: int, evals: list[dict[str, Any]])
     for name in names:
         if name not in kept:
             folder.fs.delete_dir(f"{folder.path}/{name}")
+
+
+def drop_unfinished(folder: RunFolder, scan: CheckpointScan) -> CheckpointScan:
+    """Delete the scan's checkpoint folders whose write never reached its meta.json (no
+    process of the run is writing: between fits, or before the first), and return the scan
+    without them. They never held a checkpoint; left in place, one would count as the
+    run's newest folder (a restart takes Ray's checkpoint only when newer than that, so
+    not the same step written again; --keep-best keeps the newest folders)."""
+    for name in scan.unfinished:
+        folder.fs.delete_dir(f"{folder.path}/{name}")
+    return scan.without_unfinished()

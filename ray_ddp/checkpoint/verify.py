@@ -73,6 +73,12 @@ class CheckpointScan:
     # ``broken`` finished once and lost files since
     unfinished: list[str] = field(default_factory=list)
 
+    def without_unfinished(self) -> "CheckpointScan":
+        """The scan once the unfinished folders are deleted (drop_unfinished): no file read again."""
+        broken = [(name, problem) for name, problem in self.broken if name not in self.unfinished]
+        newest = max([name for name, _ in broken] + ([self.latest] if self.latest else []), default=None)
+        return CheckpointScan(self.latest, self.meta, broken, newest)
+
 
 def find_latest_checkpoint(folder: RunFolder, verify_crc: bool = False) -> CheckpointScan:
     """Scan the run folder's ``step-*`` folders newest first; the first whose files match

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+from ray_ddp.checkpoint.retention import drop_unfinished
 from ray_ddp.checkpoint.verify import CheckpointScan, find_latest_checkpoint
 from ray_ddp.errors import ConfigError
 from ray_ddp.config.train import TrainConfig
@@ -36,8 +37,10 @@ def find_start(run: RunPlan, store: Storage, data_shape, echo: Callable[[str], N
     """The newest whole checkpoint of the run (every file checked), whether this command
     can resume from it, and whether there is anything left to train."""
     cfg = run.config
-    scan = find_latest_checkpoint(run_folder(store, cfg.name), verify_crc=True)
+    folder = run_folder(store, cfg.name)
+    scan = find_latest_checkpoint(folder, verify_crc=True)
     _say_broken(cfg, scan, echo)
+    scan = drop_unfinished(folder, scan)  # the run goes on (_say_broken did not stop it)
     resumed_from = store.uri_of(cfg.name, scan.latest) if scan.latest else None
     complete = False
     if scan.meta is not None:
@@ -114,11 +117,14 @@ def _say_broken(cfg: TrainConfig, scan: CheckpointScan, echo: Callable[[str], No
     the run's first checkpoint was uploading: the same command goes on, as after a loss
     before any checkpoint), else stop: a finished checkpoint lost its files."""
     never_finished = scan.latest is None and len(scan.unfinished) == len(scan.broken)
+    stops = scan.latest is None and not never_finished
     for name, problem in scan.broken:
+        removed = " (its folder is removed: it never held a checkpoint)" if name in scan.unfinished and not stops \
+            else ""
         then = f"; resuming from {scan.latest} instead" if scan.latest else \
             "; starting from scratch: no checkpoint of the run was finished" if never_finished else ""
-        echo(f"warning: checkpoint {name} of run {cfg.name} is unusable: {problem}{then}")
-    if scan.broken and scan.latest is None and not never_finished:
+        echo(f"warning: checkpoint {name} of run {cfg.name} is unusable: {problem}{removed}{then}")
+    if scan.broken and stops:
         name, problem = scan.broken[-1]
         raise ConfigError(
             f"run {cfg.name} has no usable checkpoint ({name}: {problem}); "

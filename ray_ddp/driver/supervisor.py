@@ -25,6 +25,7 @@ from ray_ddp.record.events import (Event, attribute_hangs, failure_event, merge_
                                    steps_to_redo, table_events)
 from ray_ddp.record.folder import Progress
 from ray_ddp.record.progress import read_progress, show_progress
+from ray_ddp.checkpoint.retention import drop_unfinished
 from ray_ddp.record.status import read_events, write_status
 from ray_ddp.storage import Storage
 
@@ -122,7 +123,7 @@ class FitSupervisor:
         else the failure raised with the reason."""
         if self.pending and err.failure is not None:  # the watch ended the group: say why
             err = TrainingError(self.pending[-1].cause.removeprefix("hang: "), err.failure, err.step)
-        self.scan = find_latest_checkpoint(self.folder, verify_crc=True)
+        self.scan = drop_unfinished(self.folder, find_latest_checkpoint(self.folder, verify_crc=True))
         decision = self._decide(err)
         if decision is None:  # Ray's controller failed: no rank to name, nothing to decide
             raise err

@@ -129,7 +129,8 @@ def test_a_checkpoint_whose_write_never_finished_is_written_again_by_a_run_from_
     lines: list[str] = []
     summary = train_in_gloo(small(storage, name, quiet=False), echo=lines.append)
     assert ("warning: checkpoint step-00000010 of run torn-first is unusable: meta.json is missing or unreadable "
-            "(a write that never finished); starting from scratch: no checkpoint of the run was finished") in lines
+            "(a write that never finished) (its folder is removed: it never held a checkpoint); starting from "
+            "scratch: no checkpoint of the run was finished") in lines
     assert summary.resumed_from is None and summary.epochs_completed == 3
     scan = find_latest_checkpoint(run_folder(resolve_storage(str(storage)), name), verify_crc=True)
     assert (scan.latest, scan.broken) == ("step-00000030", [])

@@ -166,14 +166,38 @@ def test_a_run_whose_only_checkpoint_never_finished_starts_from_scratch_and_a_lo
     (torn / MODEL_FILE).write_bytes(b"\x00" * 100)  # the upload cut off before its meta.json
     store, lines = resolve_storage(str(tmp_path)), []
     start = find_start(resolve(cfg, None), store, None, lines.append)
-    assert (start.resumed_from, start.complete, start.scan.latest) == (None, False, None)
+    assert (start.resumed_from, start.complete, start.scan.latest, start.scan.newest) == (None, False, None, None)
     assert lines == ["warning: checkpoint step-00000010 of run torn is unusable: meta.json is missing or "
-                     "unreadable (a write that never finished); starting from scratch: no checkpoint of "
-                     "the run was finished"]
+                     "unreadable (a write that never finished) (its folder is removed: it never held a "
+                     "checkpoint); starting from scratch: no checkpoint of the run was finished"]
+    # gone: left, it would be the run's newest folder, which a restart's checkpoint from Ray
+    # must be newer than (the same step-00000010, written again, is not), and --keep-best keeps
+    assert not torn.exists()
 
     model, opt = trained_toy()
+    torn.mkdir()
     save_checkpoint(str(tmp_path / "torn" / "step-00000005"), model, opt, TrainState(0, 5, 5, []), {}, rank=0)
     (tmp_path / "torn" / "step-00000005" / MODEL_FILE).write_bytes(b"")  # finished once, lost since
     with pytest.raises(ConfigError, match=r"^run torn has no usable checkpoint \(step-00000005: model.pt has 0 "
                                           r"bytes, \d+ were written\); delete the run folder"):
         find_start(resolve(cfg, None), store, None, lines.append)
+    assert torn.exists(), "a run that stops leaves its folder as it was"
+
+
+def test_a_write_that_never_finished_past_the_newest_checkpoint_is_removed_and_the_run_resumes(tmp_path):
+    from ray_ddp.driver.resolve import resolve
+    from ray_ddp.driver.start import find_start
+
+    cfg = TrainConfig(storage=str(tmp_path), name="run", epochs=3, steps_per_epoch=10)
+    model, opt = trained_toy()
+    meta = {"config": cfg.to_dict(), "plan": resolve(cfg, None).planned()}
+    save_checkpoint(str(tmp_path / "run" / "step-00000010"), model, opt, TrainState(1, 10, 0, []), meta, rank=0)
+    (tmp_path / "run" / "step-00000017").mkdir()  # a preemption's checkpoint, cut off with its node
+    lines = []
+    start = find_start(resolve(cfg, None), resolve_storage(str(tmp_path)), None, lines.append)
+    assert (start.scan.latest, start.scan.newest, start.scan.broken) == ("step-00000010", "step-00000010", [])
+    assert start.resumed_from.endswith("/run/step-00000010")
+    assert lines == ["warning: checkpoint step-00000017 of run run is unusable: meta.json is missing or unreadable "
+                     "(a write that never finished) (its folder is removed: it never held a checkpoint); "
+                     "resuming from step-00000010 instead"]
+    assert not (tmp_path / "run" / "step-00000017").exists()
