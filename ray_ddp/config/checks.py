@@ -27,7 +27,8 @@ def validate_config(cfg: TrainConfig) -> None:
     """What the options alone decide; ConfigError on the first problem."""
     # Each check sits below under its section of TrainConfig (config/train.py's headings),
     # but they run in this order, which interleaves the sections: the order decides which
-    # problem a config with several is told first, and that must not change.
+    # problem a config with several is told first, and that must not change. The checks
+    # that look at the data's paths run after all of these (data/checks.py).
     _check_counts(cfg)  # of every section
     _check_accumulation(cfg)  # optimisation
     _check_ddp_and_lora(cfg)  # model and data
@@ -134,12 +135,22 @@ def _check_model_and_data(cfg: TrainConfig) -> None:
 
 
 def _check_ray_data(cfg: TrainConfig) -> None:
-    """--ray-data is one way of reading data (whether its paths hold parquet: data/checks.py)."""
+    """--ray-data reads parquet: not synthetic rows, nor a --stream or --dataset (whether its
+    paths hold parquet, not text or another file, looks at them: data/checks.py)."""
+    for path, flag in ((cfg.data, "--data"), (cfg.val_data, "--val-data")):
+        if path == "synthetic":
+            raise not_parquet(flag, path)
     for given, flag in ((cfg.stream, "--stream"), (cfg.dataset, "--dataset")):
         if given:
             raise ConfigError(f"--ray-data and {flag} are two ways of reading data; pick one")
     if cfg.val_fraction:
         raise ConfigError("--val-fraction splits rows held in memory; with --ray-data give --val-data")
+
+
+def not_parquet(flag: str, path: str) -> ConfigError:
+    """The one line for a --ray-data path that is not parquet."""
+    return ConfigError(f"--ray-data reads parquet through Ray Data; {flag} {path} is not a "
+                       "parquet file or folder (drop --ray-data, or give parquet)")
 
 
 # ------------------------------------------------------------------ placement

@@ -313,9 +313,10 @@ class TrainConfig:
 
     # ---------------------------------------------------------------- validating
     def validate(self) -> "TrainConfig":
-        """The checked config: what can be checked without a cluster (config/checks.py
-        holds every check), ConfigError on the first problem; a copy with ``workers``
-        parsed (N, or "MIN-MAX" for an elastic run)."""
+        """The checked config: what the options alone decide (config/checks.py; what
+        looks at the data's paths is data/checks.py's, run by the driver after this),
+        ConfigError on the first problem; a copy with ``workers`` parsed (N, or
+        "MIN-MAX" for an elastic run)."""
         checked = dataclasses.replace(self, workers=parse_workers(self.workers) if self.workers is not None else None)
         validate_config(checked)
         return checked

@@ -1,13 +1,14 @@
 """The checks of the data options that must look at the data: whether --data is text or
 a parquet file (for --ray-data), and whether train_data= is the --data folder's own rows.
-Runs on the driver, after the options' own checks (config/checks.py, which never reads a
-path and never imports data/), before anything is written."""
+Runs on the driver, after the options' own checks (config/checks.py, which never imports
+data/), before anything is written."""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
 
+from ray_ddp.config.checks import not_parquet
 from ray_ddp.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -15,17 +16,18 @@ if TYPE_CHECKING:
 
 
 def check_data_paths(cfg: TrainConfig) -> None:
-    """--ray-data reads parquet: a path, not synthetic rows or text."""
-    # here, not at the top: data/text.py imports torch, which the CLI's usage errors must not load
-    from ray_ddp.data.text import is_text
-
+    """--ray-data reads parquet: not text, nor a file of another kind (synthetic rows:
+    config/checks.py, with the options)."""
     if not cfg.ray_data:
         return
+    # here, not at the top: data/text.py imports torch, which the CLI's usage errors and
+    # `ray-ddp tune`'s check of its search file must not load
+    from ray_ddp.data.text import is_text
+
     for path, flag in ((cfg.data, "--data"), (cfg.val_data, "--val-data")):
-        if path is not None and (path == "synthetic" or is_text(path) or
-                                 (os.path.isfile(path) and not path.endswith(".parquet"))):
-            raise ConfigError(f"--ray-data reads parquet through Ray Data; {flag} {path} is not a "
-                              "parquet file or folder (drop --ray-data, or give parquet)")
+        if path is not None and path != "synthetic" and \
+                (is_text(path) or (os.path.isfile(path) and not path.endswith(".parquet"))):
+            raise not_parquet(flag, path)
 
 
 def check_train_data(cfg: TrainConfig, train_data: Any) -> None:

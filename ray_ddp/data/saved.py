@@ -233,7 +233,7 @@ def open_saved_datasets(cfg, train_data: Any, val_data: Any):
     turned into a SavedDataset, read from there on as train_data= / val_data= rows; a
     DatasetDict folder is one line naming its splits. ``cfg`` is kept as given: the
     run's config records the folders (the checks and the inputs take the objects first,
-    config/checks.py ``check_objects`` knowing these rows for the --data folder's)."""
+    data/checks.py ``check_train_data`` knowing these rows for the --data folder's)."""
     for flag, path in (("--data", cfg.data), ("--val-data", cfg.val_data)):
         if saved_dataset_kind(path) == "dict":
             store = resolve_storage(path)
