@@ -4,13 +4,14 @@ on the driver and in Ray Train's controller (a Ray actor), both attached to Ray.
 from __future__ import annotations
 
 
-def dead_node_ids() -> frozenset[str]:
-    """The IDs of the nodes Ray's GCS holds as dead; empty if the table cannot be read
-    (a failure is then told from its error alone). Ray marks a node dead before it fails
-    the actors that were on it, so a worker lost with its node finds its node here."""
+def dead_nodes() -> dict[str, str]:
+    """The nodes Ray's GCS holds as dead, each ID with its IP address; empty if the table
+    cannot be read (a failure is then told from its error alone). Ray marks a node dead
+    before it fails the actors that were on it, so a worker lost with its node finds its
+    node here."""
     import ray
 
     try:
-        return frozenset(n["NodeID"] for n in ray.nodes() if not n.get("Alive"))
+        return {n["NodeID"]: n.get("NodeManagerAddress") or "" for n in ray.nodes() if not n.get("Alive")}
     except Exception:  # noqa: BLE001 (the GCS unreachable: the error's own words decide)
-        return frozenset()
+        return {}

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from ray_ddp.checkpoint.format import started_from_of
 from ray_ddp.checkpoint.verify import CheckpointScan
-from ray_ddp.cluster.nodes import dead_node_ids
+from ray_ddp.cluster.nodes import dead_nodes
 from ray_ddp.cluster.placement import Placement
 from ray_ddp.cluster.runtime_env import worker_runtime_env
 from ray_ddp.config.train import TrainConfig
@@ -132,7 +132,7 @@ def _training_error(err: Exception, folder: RunFolder) -> TrainingError:
     if not failures:
         text = str(err).strip().splitlines()
         return TrainingError("training failed: " + (text[-1] if text else type(err).__name__))
-    failure = summarize_failure(failures, progress.nodes, dead_node_ids())
+    failure = summarize_failure(failures, progress.nodes, dead_nodes())
     step = progress.step
     if failure.lost is None:
         return TrainingError(f"training failed on rank {failure.rank}: {failure.cause}", failure, step)

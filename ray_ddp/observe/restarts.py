@@ -19,7 +19,7 @@ import functools
 import logging
 from typing import Any, Callable, Optional
 
-from ray_ddp.cluster.nodes import dead_node_ids
+from ray_ddp.cluster.nodes import dead_nodes
 from ray_ddp.record.names import checkpoint_step
 from ray_ddp.record.events import restart_event
 from ray_ddp.record.failures import summarize_failure
@@ -68,7 +68,7 @@ class RestartRecorder(WorkerGroupCallback, ControllerCallback):
     @never_fails
     def after_worker_group_poll_status(self, worker_group_status) -> None:
         if worker_group_status.errors and self._failed is None:
-            failure = summarize_failure(worker_group_status.errors, self._node_ids, dead_node_ids(), self._ips)
+            failure = summarize_failure(worker_group_status.errors, self._node_ids, dead_nodes(), self._ips)
             self._failed = (failure, self._last_step())
 
     @never_fails

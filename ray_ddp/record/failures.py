@@ -68,11 +68,12 @@ class FailureSummary:
 
 
 def summarize_failure(worker_failures: dict[int, Exception], nodes: dict[str, Any],
-                      dead_nodes: frozenset[str] = frozenset(), ips: Optional[dict[str, str]] = None) -> FailureSummary:
+                      dead_nodes: Optional[dict[str, str]] = None, ips: Optional[dict[str, str]] = None) -> FailureSummary:
     """The one rank to name: a dead worker first, then a training error, then a survivor.
-    ``nodes``: each rank's node ID; ``dead_nodes``: the node IDs Ray holds as dead
-    (cluster/nodes.py), which tell a lost node from a lost process by Ray's own record
-    before its words do; ``ips``: each rank's node IP where the error names none."""
+    ``nodes``: each rank's node ID; ``dead_nodes``: the nodes Ray holds as dead, ID to IP
+    address (cluster/nodes.py), which tell a lost node from a lost process by Ray's own
+    record before its words do; ``ips``: each rank's node IP where the error names none."""
+    dead_nodes = dead_nodes or {}
     ranked = []
     for rank, error in worker_failures.items():
         node_id = str(nodes.get(str(rank)) or "")
@@ -85,8 +86,8 @@ def summarize_failure(worker_failures: dict[int, Exception], nodes: dict[str, An
     gone = sorted(int(r) for r, n in nodes.items() if n and str(n) in dead_nodes)
     if lost == "peer" and gone:  # only survivors spoke, but Ray already holds a rank's node dead: name it
         rank, lost, cause, ip, node_id = gone[0], "node", "its node died", "", str(nodes[str(gone[0])])
-    return FailureSummary(rank, ip or (ips or {}).get(str(rank)) or node_id[:12] or "?", lost, cause, preempted,
-                          node_id)
+    node = ip or (ips or {}).get(str(rank)) or dead_nodes.get(node_id) or node_id[:12] or "?"
+    return FailureSummary(rank, node, lost, cause, preempted, node_id)
 
 
 def _classify(error: Exception, node_dead: bool = False) -> tuple[Optional[str], str, bool, str]:

@@ -281,7 +281,7 @@ class Story:
             out["a"], out["a_log"] = finish(proc, log), log
             # what a failure's line reads first: Ray's table of dead nodes (cluster/nodes.py)
             out["a_dead"] = json.loads(cluster.probe("import json; from ray_ddp.cluster.nodes import "
-                                                     "dead_node_ids; print(json.dumps(sorted(dead_node_ids())))"))
+                                                     "dead_nodes; print(json.dumps(dead_nodes()))"))
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -336,6 +336,7 @@ def test_an_elastic_run_shrinks_when_a_node_dies_and_grows_when_one_joins(story)
     assert lost["step"] >= STEPS + 10 and lost["steps_lost"] <= 1, lost
     b_node = {n for n in story["a_nodes"].values() if n != story["a_head"]}
     assert b_node <= set(story["a_dead"]) and story["a_head"] not in story["a_dead"], story["a_dead"]
+    assert set(story["a_dead"].values()) == {"127.0.0.1"}, story["a_dead"]  # its address: what a line names
     resumed = int(lost["from_checkpoint"][5:])
     assert f"restarted from the snapshot of step {resumed} on node {lost['from_node'][:8]}…" in \
         open(story["a_log"]).read()

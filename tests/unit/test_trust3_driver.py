@@ -214,9 +214,9 @@ def test_a_worker_whose_node_ray_holds_dead_is_a_lost_node_whatever_its_words():
     dead are a lost node (a restart then looks for that node's notice), and the same
     words on a live node are a lost process."""
     nodes = {"1": "b" * 40}
-    failure = summarize_failure({1: actor_died(SIGKILLED)}, nodes, dead_nodes=frozenset({"b" * 40}))
+    failure = summarize_failure({1: actor_died(SIGKILLED)}, nodes, dead_nodes={"b" * 40: "10.0.0.7"})
     assert (failure.lost, failure.cause, failure.node_id) == ("node", "its node died", "b" * 40)
-    alive = summarize_failure({1: actor_died(SIGKILLED)}, nodes, dead_nodes=frozenset({"c" * 40}))
+    alive = summarize_failure({1: actor_died(SIGKILLED)}, nodes, dead_nodes={"c" * 40: "10.0.0.9"})
     assert (alive.lost, alive.cause) == ("process", "its process 4711 died")
 
 
@@ -233,10 +233,11 @@ def test_when_only_survivors_spoke_a_rank_on_a_node_ray_holds_dead_is_named():
     that rank's node dead, the line names it, not the survivor's broken connection."""
     survivor = RuntimeError("RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection closed by peer")
     nodes, ips = {"0": "a" * 40, "1": "b" * 40}, {"0": "10.0.0.6", "1": "10.0.0.7"}
-    failure = summarize_failure({0: survivor}, nodes, frozenset({"b" * 40}), ips)
+    failure = summarize_failure({0: survivor}, nodes, {"b" * 40: "10.0.0.7"}, ips)
     assert (failure.rank, failure.node, failure.lost, failure.node_id) == (1, "10.0.0.7", "node", "b" * 40)
     assert describe_loss(failure, 37) == "rank 1 on node 10.0.0.7 was lost (its node died) at step 37"
-    assert summarize_failure({0: survivor}, nodes, frozenset(), ips).lost == "peer"  # nothing known dead yet
+    assert summarize_failure({0: survivor}, nodes, {"b" * 40: "10.0.0.7"}).node == "10.0.0.7"  # Ray's address of it
+    assert summarize_failure({0: survivor}, nodes, {}, ips).lost == "peer"  # nothing known dead yet
 
 
 def test_a_cuda_out_of_memory_error_is_an_error_in_training():
