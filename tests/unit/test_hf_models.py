@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
 import sys
 
 import pytest
@@ -177,15 +176,18 @@ def test_the_driver_refuses_what_no_task_can_use(tmp_path):
         check_model(resolve(cfg, None), NoLogits, inspect_data(cfg, TensorDataset(torch.randn(8, 3), torch.randn(8, 2))).example)
 
 
-def test_hf_dir_without_config_json_is_one_line_and_without_transformers_names_the_extra(tmp_path):
+def test_hf_dir_without_config_json_is_one_line_and_without_transformers_names_the_extra(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """The CLI's own path, in this process (a real process's one line: test_cli_errors.py)."""
+    from ray_ddp.cli.main import main
+
     (tmp_path / "empty").mkdir()
-    code = ("import sys; from ray_ddp.cli.main import main; "
-            f"sys.exit(main(['train', '--model', 'hf:{tmp_path / 'empty'}', '--storage', '{tmp_path}/runs']))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "has no config.json" in proc.stderr and "Traceback" not in proc.stderr
-    blocked = "import sys; sys.modules['transformers'] = None; " + code.split("; ", 1)[1]
-    proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "pip install 'ray_ddp[hf]'" in proc.stderr, proc.stderr
+    argv = ["train", "--model", f"hf:{tmp_path / 'empty'}", "--storage", f"{tmp_path}/runs"]
+    assert main(argv) == 2
+    assert "has no config.json" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now fails
+    assert main(argv) == 2
+    assert "pip install 'ray_ddp[hf]'" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 
